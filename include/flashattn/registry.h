@@ -1,0 +1,92 @@
+// What a kernel declares about itself. Each kernel file registers one entry per mode it implements
+// (forward, backward, decode); `--list`, the support errors, the validator and the GPU test matrix
+// are all derived from these entries, so adding a kernel is adding one file.
+//
+//   static flashattn::KernelMode make_entry() {
+//     flashattn::KernelMode m;
+//     m.kernel = "naive"; m.mode = flashattn::Mode::Forward; ...
+//     m.fwd = &run_forward; m.fwd_workspace = &forward_workspace_bytes;
+//     return m;
+//   }
+//   FLASHATTN_REGISTER_KERNEL_MODE(naive_forward, make_entry);
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "flashattn/check.h"
+#include "flashattn/params.h"
+#include "flashattn/types.h"
+
+namespace flashattn {
+
+// Everything a launch needs besides the params. Owned by the driver.
+struct LaunchContext {
+  cudaStream_t stream = nullptr;
+  void* cublas = nullptr;  // cublasHandle_t bound to `stream` with its workspace set (GPU runs only)
+  int device = -1;         // -1 for the cpu kernel
+  int sm = 0;              // compute capability as major*10+minor, 0 for the cpu kernel
+  int sm_count = 0;
+  int cpu_threads = 0;     // threads the cpu kernel may use (0: all hardware threads)
+};
+
+using FwdFn = void (*)(const FwdParams&, const LaunchContext&);
+using BwdFn = void (*)(const BwdParams&, const LaunchContext&);
+using FwdWorkspaceFn = size_t (*)(const FwdParams&);
+using BwdWorkspaceFn = size_t (*)(const BwdParams&);
+
+struct KernelMode {
+  std::string kernel;   // name used by --compute, e.g. "naive"
+  Mode mode = Mode::Forward;
+  std::string summary;  // one line for --list
+  int rung = 0;         // position on the ladder: orders --list, `all` and tables
+  bool gpu = true;      // false: runs on the host with host pointers (the cpu kernel)
+  int min_sm = 0;       // smallest compute capability (major*10+minor) it runs on
+
+  uint32_t dtypes = 0;          // OR of dtype_bit(DType::...)
+  std::vector<int> head_dims;   // supported head dims; empty: any D in [1, max_head_dim]
+  int max_head_dim = 0;         // with empty head_dims: the largest D (0: unbounded)
+  uint32_t features = 0;        // OR of Feature bits
+  bool uses_atomics = false;    // results may differ bitwise between runs by default
+  bool has_deterministic_path = false;  // honours FwdParams::deterministic
+  bool uses_cublas = false;     // needs LaunchContext::cublas (the driver creates the handle)
+
+  // Filled in by the registration macro: the archs the registering file was compiled for.
+  std::string compiled_archs;
+
+  // Entry points: the pair matching `mode` is set. Workspace functions may be null (no scratch).
+  FwdFn fwd = nullptr;
+  FwdWorkspaceFn fwd_workspace = nullptr;
+  BwdFn bwd = nullptr;
+  BwdWorkspaceFn bwd_workspace = nullptr;
+};
+
+class Registry {
+ public:
+  // Adds an entry; a second entry with the same (kernel, mode) is a programming error: it prints
+  // the duplicate and aborts at start-up.
+  static bool add(KernelMode entry);
+  static const KernelMode* find(const std::string& kernel, Mode mode);
+  // Distinct kernel names, in ladder order (rung, then name).
+  static std::vector<std::string> kernel_names();
+  // Every entry, in ladder order then mode.
+  static std::vector<const KernelMode*> entries();
+};
+
+// Registers `make_fn()` at static-initialisation time. Kernel objects are linked as an OBJECT
+// library so the linker keeps these registrars.
+#define FLASHATTN_REGISTER_KERNEL_MODE(ident, make_fn)                            \
+  namespace {                                                                     \
+  const bool ident##_registered = [] {                                            \
+    ::flashattn::KernelMode entry_ = make_fn();                                   \
+    entry_.compiled_archs = FLASHATTN_COMPILED_ARCHS;                             \
+    return ::flashattn::Registry::add(std::move(entry_));                         \
+  }();                                                                            \
+  }
+
+}  // namespace flashattn

@@ -1,0 +1,441 @@
+#include "app.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "dataset.h"
+#include "flashattn/error.h"
+#include "flashattn/registry.h"
+#include "npy.h"
+#include "random.h"
+#include "report.h"
+#include "run.h"
+
+namespace flashattn {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The cpu kernel is skipped by `--compute all` above this many forward FLOPs (it would take
+// minutes); naming it explicitly always runs it.
+constexpr double kCpuAllFlopLimit = 2e11;
+
+struct Console {
+  bool quiet = false;
+  FILE* human = stdout;  // stderr when the JSON goes to stdout
+  void note(const std::string& s) const {
+    if (!quiet) std::fprintf(stderr, "note: %s\n", s.c_str());
+  }
+  void print(const std::string& s) const {
+    std::fputs(s.c_str(), human);
+    std::fflush(human);
+  }
+};
+
+std::vector<Mode> parse_modes(const std::string& m) {
+  if (m == "forward") return {Mode::Forward};
+  if (m == "backward") return {Mode::Backward};
+  if (m == "both") return {Mode::Forward, Mode::Backward};
+  throw InputError("--mode: '" + m + "' is not one of forward, backward, both");
+}
+
+void parse_window(const std::string& w, int* left, int* right) {
+  *left = *right = -1;
+  if (w.empty()) return;
+  const size_t comma = w.find(',');
+  auto bad = [&] { return InputError("--window: '" + w + "' is not LEFT,RIGHT with integers >= -1 (-1 = unbounded)"); };
+  if (comma == std::string::npos) throw bad();
+  try {
+    size_t used = 0;
+    *left = std::stoi(w.substr(0, comma), &used);
+    if (used != comma) throw bad();
+    const std::string r = w.substr(comma + 1);
+    *right = std::stoi(r, &used);
+    if (used != r.size()) throw bad();
+  } catch (const std::logic_error&) {
+    throw bad();
+  }
+  if (*left < -1 || *right < -1) throw bad();
+}
+
+std::string known_kernels() {
+  std::string s;
+  for (const std::string& n : Registry::kernel_names()) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+std::string modes_of(const std::string& kernel) {
+  std::string s;
+  for (int m = 0; m < kNumModes; ++m)
+    if (Registry::find(kernel, static_cast<Mode>(m))) s += (s.empty() ? "" : ", ") + std::string(mode_name(static_cast<Mode>(m)));
+  return s;
+}
+
+HostArray generate_dout(const std::vector<int64_t>& shape, DType dtype, uint64_t seed) {
+  HostArray f64(DType::F64, shape);
+  Rng rng(seed, /*stream=*/0x644f);  // "dO"
+  double* p = f64.data<double>();
+  for (int64_t i = 0; i < f64.numel(); ++i) p[i] = rng.normal();
+  return convert(f64, dtype);
+}
+
+// One planned run.
+struct Planned {
+  const KernelMode* entry = nullptr;
+  std::string skip_reason;  // non-empty: recorded as skipped, not run
+};
+
+}  // namespace
+
+std::string list_kernels(bool as_json) {
+  const std::vector<const KernelMode*> entries = Registry::entries();
+  auto dtypes_of = [](uint32_t m) {
+    std::vector<std::string> v;
+    for (int t = 0; t < kNumDTypes; ++t)
+      if (m & (1u << t)) v.push_back(dtype_name(static_cast<DType>(t)));
+    return v;
+  };
+  auto features_of = [](uint32_t m) {
+    std::vector<std::string> v;
+    for (int b = 0; b < kNumFeatures; ++b)
+      if (m & (1u << b)) v.push_back(feature_name(1u << b));
+    return v;
+  };
+  auto dims_of = [](const KernelMode& e) {
+    if (!e.head_dims.empty()) {
+      std::string s;
+      for (int d : e.head_dims) s += (s.empty() ? "" : ",") + std::to_string(d);
+      return s;
+    }
+    return e.max_head_dim > 0 ? "1.." + std::to_string(e.max_head_dim) : std::string("any");
+  };
+  if (as_json) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const KernelMode* e : entries) {
+      arr.push_back({{"kernel", e->kernel},
+                     {"mode", mode_name(e->mode)},
+                     {"summary", e->summary},
+                     {"rung", e->rung},
+                     {"gpu", e->gpu},
+                     {"min_sm", e->min_sm},
+                     {"dtypes", dtypes_of(e->dtypes)},
+                     {"head_dims", e->head_dims},
+                     {"max_head_dim", e->max_head_dim},
+                     {"features", features_of(e->features)},
+                     {"uses_atomics", e->uses_atomics},
+                     {"deterministic_path", e->has_deterministic_path},
+                     {"compiled_archs", e->compiled_archs}});
+    }
+    return arr.dump(2) + "\n";
+  }
+  std::string out = fmt::format("{:<8} {:<8} {:<4} {:<20} {:<16} {:<50} {}\n", "kernel", "mode", "sm", "dtypes",
+                                "head dims", "features", "notes");
+  std::string last;
+  for (const KernelMode* e : entries) {
+    std::string dt, ft;
+    for (const std::string& s : dtypes_of(e->dtypes)) dt += (dt.empty() ? "" : ",") + s;
+    for (const std::string& s : features_of(e->features)) ft += (ft.empty() ? "" : ",") + s;
+    std::string notes = e->gpu ? "" : "host";
+    if (e->uses_atomics) notes += std::string(notes.empty() ? "" : "; ") + "atomics" + (e->has_deterministic_path ? " (--deterministic available)" : "");
+    out += fmt::format("{:<8} {:<8} {:<4} {:<20} {:<16} {:<50} {}\n", e->kernel, mode_name(e->mode),
+                       e->gpu ? std::to_string(e->min_sm) : "-", dt, dims_of(*e), ft, notes);
+  }
+  out += "\n";
+  for (const std::string& n : Registry::kernel_names()) {
+    for (const KernelMode* e : entries) {
+      if (e->kernel == n) {
+        out += fmt::format("  {:<8} {}\n", n, e->summary);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+int run_app(const AppOptions& opt) {
+  Console con;
+  con.quiet = opt.quiet;
+  if (opt.json == "-") con.human = stderr;
+  const std::string started = iso8601_now();
+
+  // ---- options --------------------------------------------------------------------------------
+  if (opt.data.empty()) throw InputError("--data: a data directory is required (see --help)");
+  if (opt.compute.empty()) throw InputError("--compute: name at least one kernel (known: " + known_kernels() + ")");
+  const std::vector<Mode> modes = parse_modes(opt.mode);
+  int window_left = -1, window_right = -1;
+  parse_window(opt.window, &window_left, &window_right);
+  if (opt.warmup < 0) throw InputError("--warmup: must be >= 0");
+  if (opt.repeat < 1) throw InputError("--repeat: must be >= 1");
+  if (opt.threads < 0) throw InputError("--threads: must be >= 0");
+  if (opt.scale && !(std::isfinite(*opt.scale) && *opt.scale > 0)) throw InputError("--scale: must be a positive finite number");
+
+  const bool all = opt.compute.size() == 1 && opt.compute[0] == "all";
+  std::vector<std::string> kernels;
+  if (all) {
+    kernels = Registry::kernel_names();
+  } else {
+    for (const std::string& k : opt.compute) {
+      if (k == "all") throw InputError("--compute: 'all' cannot be combined with kernel names");
+      bool known = false;
+      for (int m = 0; m < kNumModes; ++m) known = known || Registry::find(k, static_cast<Mode>(m));
+      if (!known) throw InputError("--compute: unknown kernel '" + k + "' (known: " + known_kernels() + ")");
+      if (std::find(kernels.begin(), kernels.end(), k) == kernels.end()) kernels.push_back(k);
+    }
+  }
+
+  // ---- data -----------------------------------------------------------------------------------
+  LoadOptions lo;
+  if (!opt.layout.empty()) {
+    if (opt.layout == "bhsd") lo.layout = Layout::BHSD;
+    else if (opt.layout == "bshd") lo.layout = Layout::BSHD;
+    else throw InputError("--layout: '" + opt.layout + "' is not bhsd or bshd");
+  }
+  Dataset ds = load_dataset(opt.data, lo);
+  for (const std::string& n : ds.notices) con.note(n);
+  if (!opt.no_write && !opt.out.empty()) {
+    std::error_code ec1, ec2;
+    if (fs::weakly_canonical(opt.out, ec1) == fs::weakly_canonical(opt.data, ec2))
+      throw InputError("--out: " + opt.out + " is the input directory; outputs go to a directory of their own");
+  }
+
+  // Compute dtype: --dtype, else the input's; fp64 inputs go to fp32 unless every kernel takes fp64.
+  DType dtype = ds.dtype;
+  if (!opt.dtype.empty()) {
+    if (!parse_dtype(opt.dtype, &dtype) || !dtype_is_float(dtype))
+      throw InputError("--dtype: '" + opt.dtype + "' is not one of fp32, fp16, bf16, fp64");
+  } else if (ds.dtype == DType::F64) {
+    bool all_f64 = true;
+    for (const std::string& k : kernels)
+      for (Mode m : modes)
+        if (const KernelMode* e = Registry::find(k, m)) all_f64 = all_f64 && (e->dtypes & dtype_bit(DType::F64));
+    if (!all_f64) dtype = DType::F32;
+  }
+  if (dtype != ds.dtype)
+    con.note(fmt::format("inputs are {}; computing in {} (converted once, round to nearest)", dtype_name(ds.dtype),
+                         dtype_name(dtype)));
+
+  Problem prob;
+  prob.dims = ds.dims;
+  prob.dtype = dtype;
+  prob.layout = ds.layout;
+  prob.scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(double(ds.dims.D));
+  prob.causal = opt.causal;
+  prob.window_left = window_left;
+  prob.window_right = window_right;
+  prob.has_padding = ds.seqlens_k.has_value();
+  prob.has_mask = ds.mask.has_value();
+
+  // ---- device ---------------------------------------------------------------------------------
+  bool wants_gpu = false;
+  for (const std::string& k : kernels)
+    for (Mode m : modes)
+      if (const KernelMode* e = Registry::find(k, m)) wants_gpu = wants_gpu || e->gpu;
+  std::string no_device;
+  int device = -1;
+  if (wants_gpu) {
+    const int n = cuda_device_count(&no_device);
+    if (n > 0) {
+      if (opt.device < 0 || opt.device >= n)
+        throw InputError(fmt::format("--device: {} is out of range ({} CUDA device{} present)", opt.device, n,
+                                     n == 1 ? "" : "s"));
+      device = opt.device;
+    }
+  }
+  int sm = 0;
+  if (device >= 0) sm = query_device(device).sm();
+
+  // ---- plan: which (kernel, mode) pairs run -----------------------------------------------------
+  std::vector<Planned> plan;
+  for (const std::string& k : kernels) {
+    for (Mode m : modes) {
+      const KernelMode* e = Registry::find(k, m);
+      if (!e) {
+        if (!all) throw InputError("kernel '" + k + "' has no " + mode_name(m) + " pass (it has: " + modes_of(k) + ")");
+        continue;
+      }
+      Planned p;
+      p.entry = e;
+      if (e->gpu && device < 0) {
+        if (!all) throw InputError(fmt::format("kernel '{}' needs a GPU: {} (the cpu kernel still runs: --compute cpu)", k, no_device));
+        p.skip_reason = "no GPU: " + no_device;
+      } else {
+        std::string why = why_unsupported(*e, prob, sm);
+        if (!why.empty()) {
+          if (!all) throw InputError(why);
+          p.skip_reason = why;
+        }
+      }
+      if (all && p.skip_reason.empty() && !e->gpu && forward_flops(prob, nullptr) > kCpuAllFlopLimit)
+        p.skip_reason = "skipped by 'all' at this size (name it explicitly to run the cpu kernel)";
+      plan.push_back(p);
+    }
+  }
+
+  // ---- inputs in the compute dtype ------------------------------------------------------------
+  const bool needs_backward = std::find(modes.begin(), modes.end(), Mode::Backward) != modes.end();
+  RunInputs in;
+  in.problem = prob;
+  in.q = convert(ds.q, dtype);
+  in.k = convert(ds.k, dtype);
+  in.v = convert(ds.v, dtype);
+  bool generated_dout = false;
+  if (ds.dout) {
+    in.dout = convert(*ds.dout, dtype);
+  } else if (needs_backward) {
+    in.dout = generate_dout(ds.q.shape, dtype, opt.seed);
+    generated_dout = true;
+    con.note(fmt::format("no dO in {}: generated N(0,1) from --seed {} (written to the output directory)", opt.data, opt.seed));
+  }
+  in.seqlens_k = ds.seqlens_k;
+  in.mask = ds.mask;
+
+  SessionOptions so;
+  so.device = device;
+  so.timing.warmup = opt.warmup;
+  so.timing.repeat = opt.repeat;
+  so.timing.min_time_ms = opt.min_time_ms;
+  so.timing.flush_l2 = !opt.no_flush;
+  so.cpu_timing.warmup = std::min(opt.warmup, 1);
+  so.cpu_timing.repeat = std::min(opt.repeat, 3);
+  so.check = opt.check;
+  so.deterministic = opt.deterministic;
+  so.cpu_threads = opt.threads;
+  so.seed = opt.seed;
+  Session session(std::move(in), so);
+
+  ReportHeader hdr;
+  hdr.command_line = opt.command_line;
+  hdr.started_at = started;
+  hdr.device = session.device();
+  hdr.no_device_reason = device < 0 ? (wants_gpu ? no_device : "not used (host kernels only)") : "";
+  hdr.data_dir = opt.data;
+  hdr.data_format = ds.source;
+  hdr.input_dtype = dtype_name(ds.dtype);
+  hdr.problem = prob;
+  hdr.has_mask = prob.has_mask;
+  hdr.has_seqlens = prob.has_padding;
+  hdr.generated_dout = generated_dout;
+  hdr.timing = so.timing;
+  hdr.cpu_threads = opt.threads;
+  if (hdr.device) hdr.sm_clock_start_mhz = nvml_sm_clock_mhz(*hdr.device);
+  if (hdr.device && !opt.quiet) {
+    const int others = nvml_other_processes(*hdr.device);
+    if (others > 0) con.note(fmt::format("{} other process(es) are using GPU {}: timings may be disturbed", others, device));
+  }
+
+  const Dims& d = prob.dims;
+  if (!opt.quiet) {
+    std::string title = fmt::format("B={} H={} H_kv={} S_q={} S_k={} D={} {} {}", d.B, d.H, d.H_kv, d.S_q, d.S_k,
+                                    d.D, dtype_name(dtype), layout_name(prob.layout));
+    if (prob.causal) title += " causal";
+    if (window_left >= 0 || window_right >= 0) title += fmt::format(" window=({},{})", window_left, window_right);
+    if (prob.has_padding) title += " seqlens_k";
+    if (prob.has_mask) title += " mask";
+    title += hdr.device ? fmt::format("  on {} (sm_{})", hdr.device->name, hdr.device->sm()) : "  (no GPU)";
+    con.print(title + "\n");
+  }
+
+  // ---- run ------------------------------------------------------------------------------------
+  std::vector<RunRecord> records;
+  bool any_failed = false, any_check_failed = false;
+  for (const Planned& p : plan) {
+    if (!p.skip_reason.empty()) {
+      RunRecord r;
+      r.kernel = p.entry->kernel;
+      r.mode = p.entry->mode;
+      r.gpu = p.entry->gpu;
+      r.status = "skipped";
+      r.reason = p.skip_reason;
+      records.push_back(std::move(r));
+      continue;
+    }
+    try {
+      RunRecord r = session.run(*p.entry);
+      if (r.check.performed && !r.check.passed) any_check_failed = true;
+      records.push_back(std::move(r));
+    } catch (const InputError& e) {
+      if (!all) throw;
+      RunRecord r;
+      r.kernel = p.entry->kernel, r.mode = p.entry->mode, r.gpu = p.entry->gpu;
+      r.status = "skipped";
+      r.reason = e.what();
+      records.push_back(std::move(r));
+    } catch (const RuntimeError& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      RunRecord r;
+      r.kernel = p.entry->kernel, r.mode = p.entry->mode, r.gpu = p.entry->gpu;
+      r.status = "failed";
+      r.reason = e.what();
+      records.push_back(std::move(r));
+      any_failed = true;
+    }
+  }
+  if (hdr.device) hdr.sm_clock_end_mhz = nvml_sm_clock_mhz(*hdr.device);
+
+  // ---- outputs --------------------------------------------------------------------------------
+  if (!opt.no_write) {
+    std::vector<std::string> ran;
+    for (const RunRecord& r : records)
+      if (r.status == "ok" && std::find(ran.begin(), ran.end(), r.kernel) == ran.end()) ran.push_back(r.kernel);
+    for (const std::string& k : ran) {
+      std::string dir;
+      if (opt.out.empty()) dir = (fs::path(opt.data) / "out" / k).string();
+      else dir = kernels.size() == 1 ? opt.out : (fs::path(opt.out) / k).string();
+      OutputWriter w(dir, ds.format, ds.layout, ds.input_paths);
+      std::vector<RunRecord> mine;
+      for (const RunRecord& r : records) {
+        if (r.kernel != k) continue;
+        mine.push_back(r);
+        if (r.status != "ok") continue;
+        const KernelOutputs& o = r.outputs;
+        if (o.o) w.add("O", *o.o);
+        if (o.lse) w.add("lse", *o.lse);
+        if (o.dq) w.add("dQ", *o.dq);
+        if (o.dk) w.add("dK", *o.dk);
+        if (o.dv) w.add("dV", *o.dv);
+      }
+      if (generated_dout) w.add("dO", *session.inputs().dout);
+      w.finish();
+      const std::string text = session_json(hdr, mine).dump(2) + "\n";
+      write_file_atomic((fs::path(dir) / "timing.json").string(), text.data(), text.size());
+      if (!opt.quiet) con.note("wrote " + dir);
+    }
+  }
+
+  // ---- report ---------------------------------------------------------------------------------
+  std::string baseline = opt.baseline;
+  if (baseline.empty()) {
+    for (const RunRecord& r : records)
+      if (r.kernel == "cublas" && r.status == "ok") baseline = "cublas";
+    for (const RunRecord& r : records)
+      if (baseline.empty() && r.gpu && r.status == "ok") baseline = r.kernel;
+  }
+  if (!opt.quiet || opt.json != "-") {
+    con.print(render_table(records, baseline, opt.check));
+    if (!baseline.empty() && records.size() > 1) con.print(fmt::format("speedup: median time of '{}' / median time, same mode\n", baseline));
+    for (const RunRecord& r : records) {
+      if (r.check.performed && (!opt.quiet || !r.check.passed)) con.print(render_check(r));
+    }
+  }
+  if (!opt.json.empty()) {
+    const std::string text = session_json(hdr, records).dump(2) + "\n";
+    if (opt.json == "-") {
+      std::fputs(text.c_str(), stdout);
+    } else {
+      write_file_atomic(opt.json, text.data(), text.size());
+    }
+  }
+  if (any_failed) return kExitRuntime;
+  if (any_check_failed) return kExitValidation;
+  return kExitOk;
+}
+
+}  // namespace flashattn

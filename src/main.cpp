@@ -1,0 +1,89 @@
+// flashattn: run, check and benchmark attention kernels. See README.md.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "app.h"
+#include "flashattn/error.h"
+#include "version.h"
+
+namespace {
+
+const char* kExamples = R"(
+Examples:
+  flashattn --list
+  flashattn-gen --out data/B2_H8_S512_D64 --B 2 --H 8 --S 512 --D 64
+  flashattn --compute fa2 --mode both --data data/B2_H8_S512_D64
+  flashattn --compute cpu,naive,cublas --mode both --data data/B2_H8_S512_D64 --check
+  flashattn --compute all --mode forward --data DIR --causal --dtype bf16 --json results.json
+  flashattn --compute cublas --data DIR --window 128,0 --repeat 50 --no-write --json -
+
+Exit codes: 0 ok, 1 runtime failure, 2 usage or input error, 3 validation (--check) failed.
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  flashattn::AppOptions opt;
+  for (int i = 0; i < argc; ++i) opt.command_line += (i ? " " : "") + std::string(argv[i]);
+
+  CLI::App app{"flashattn: run, check and benchmark attention kernels (forward and backward)"};
+  app.footer(kExamples);
+  app.set_version_flag("--version", std::string("flashattn ") + flashattn::kVersion + " (" + flashattn::kGitSha +
+                                        ", " + flashattn::kBuildType + ", CUDA archs " + flashattn::kCudaArchs + ")");
+  bool list = false, list_json = false;
+  app.add_flag("--list", list, "Print the support matrix (kernel x mode x dtype x head dims x features) and exit");
+  app.add_flag("--list-json", list_json, "Print the support matrix as JSON and exit");
+  app.add_option("--compute,-c", opt.compute, "Kernels to run: NAME[,NAME...] or all")->delimiter(',');
+  app.add_option("--mode,-m", opt.mode, "forward | backward | both")->capture_default_str();
+  app.add_option("--data,-d", opt.data, "Input directory (Q, K, V [, dO, seqlens_k, mask] as .npy or .bin)");
+  app.add_option("--out,-o", opt.out, "Output directory (default DATA/out/<kernel>; with several kernels OUT/<kernel>)");
+  app.add_flag("--causal", opt.causal, "Causal mask, bottom-right aligned: query i sees keys j <= i + S_k - S_q");
+  app.add_option("--window", opt.window, "Sliding window LEFT,RIGHT (-1 = unbounded)");
+  app.add_option("--scale", opt.scale, "Softmax scale (default 1/sqrt(D))");
+  app.add_option("--dtype", opt.dtype, "Compute dtype fp32 | fp16 | bf16 (| fp64 for cpu); default: the input's");
+  app.add_option("--layout", opt.layout, "Layout of the files: bhsd | bshd (default: meta.json's, else bhsd)");
+  app.add_option("--warmup", opt.warmup, "Untimed repetitions before timing")->capture_default_str();
+  app.add_option("--repeat", opt.repeat, "Timed repetitions (at least)")->capture_default_str();
+  app.add_option("--min-time", opt.min_time_ms, "Keep repeating until this many ms were timed")->capture_default_str();
+  app.add_flag("--no-flush", opt.no_flush, "Do not flush the L2 cache between repetitions (hot timing)");
+  app.add_flag("--check", opt.check, "Validate every output against the fp64 cpu reference");
+  app.add_option("--json", opt.json, "Write the session JSON to FILE, or - for stdout");
+  app.add_flag("--no-write", opt.no_write, "Benchmark only: write no output files");
+  app.add_option("--seed", opt.seed, "Seed for generated inputs (dO) and row sampling")->capture_default_str();
+  app.add_option("--device", opt.device, "CUDA device index")->capture_default_str();
+  app.add_option("--threads", opt.threads, "Threads for the cpu kernel and the reference (0 = all)")->capture_default_str();
+  app.add_flag("--deterministic", opt.deterministic, "Use a kernel's deterministic path where it has one");
+  app.add_option("--baseline", opt.baseline, "Kernel the speedup column is relative to (default cublas, else the first GPU kernel)");
+  app.add_flag("--quiet,-q", opt.quiet, "Print only the table and errors");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "flashattn: %s (see --help)\n", e.what());
+    return flashattn::kExitInput;
+  }
+
+  try {
+    if (list || list_json) {
+      std::fputs(flashattn::list_kernels(list_json).c_str(), stdout);
+      return flashattn::kExitOk;
+    }
+    return flashattn::run_app(opt);
+  } catch (const flashattn::Error& e) {
+    std::fprintf(stderr, "flashattn: %s\n", e.what());
+    return e.exit_code();
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "flashattn: out of host memory\n");
+    return flashattn::kExitRuntime;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flashattn: %s\n", e.what());
+    return flashattn::kExitRuntime;
+  }
+}

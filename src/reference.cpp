@@ -1,0 +1,347 @@
+// The oracle: attention forward and backward in fp64, written from the definitions in
+// reference.h and deliberately sharing nothing with the kernels.
+//
+// Shape of the computation:
+//   forward, per query row:   pass 1 stores the row of scores (one row, O(S_k) memory) and finds
+//                             the max; pass 2 sums exp(s - max) and accumulates P·V.
+//   backward, per query row:  the forward row again (lse_i, O_i, D_i = <dO_i, O_i>), then
+//                             dQ_i = scale * sum_j dS_ij k_j over the stored row of scores.
+//   backward, per key row:    needs lse_i and D_i of every query row of every query head in its
+//                             group, computed once per distinct (b, kv head); then
+//                             dK_j = scale * sum_{h,i} dS_ij q_i and dV_j = sum_{h,i} P_ij dO_i.
+// Every output element is written by exactly one task with a fixed summation order, so results are
+// bitwise identical for any thread count, and the whole-tensor functions (which run the row
+// functions over every row) agree bitwise with the row functions.
+#include "reference.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <exception>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "flashattn/error.h"
+
+namespace flashattn {
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// Four independent partial sums: a fixed order (so results never depend on threading) and several
+// times faster than one dependent chain of additions.
+double dot(const double* a, const double* b, int n) {
+  double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+  int d = 0;
+  for (; d + 4 <= n; d += 4) {
+    s0 += a[d] * b[d];
+    s1 += a[d + 1] * b[d + 1];
+    s2 += a[d + 2] * b[d + 2];
+    s3 += a[d + 3] * b[d + 3];
+  }
+  for (; d < n; ++d) s0 += a[d] * b[d];
+  return (s0 + s1) + (s2 + s3);
+}
+
+void axpy(double alpha, const double* x, double* y, int n) {
+  for (int d = 0; d < n; ++d) y[d] += alpha * x[d];
+}
+
+// The problem as the definitions state it: tensor rows, visibility and scores.
+class Attention {
+ public:
+  explicit Attention(const RefInputs& in) : in_(in), dm_(in.dims) {
+    group_ = dm_.H / dm_.H_kv;
+    offset_ = static_cast<int64_t>(dm_.S_k) - dm_.S_q;
+  }
+
+  const Dims& dims() const { return dm_; }
+  int group_size() const { return group_; }
+  double scale() const { return in_.scale; }
+
+  const double* q(int b, int h, int i) const { return in_.q + row_index(b, h, dm_.H, dm_.S_q, i); }
+  const double* dout(int b, int h, int i) const { return in_.dout + row_index(b, h, dm_.H, dm_.S_q, i); }
+  const double* k(int b, int g, int j) const { return in_.k + row_index(b, g, dm_.H_kv, dm_.S_k, j); }
+  const double* v(int b, int g, int j) const { return in_.v + row_index(b, g, dm_.H_kv, dm_.S_k, j); }
+
+  int seqlen_k(int b) const { return in_.seqlens_k ? in_.seqlens_k[b] : dm_.S_k; }
+
+  // Key j visible to query i of batch b. Any negative window bound means unbounded; causal is
+  // tested on its own, so a caller that folded it into window_right gets the same answer.
+  bool visible(int b, int i, int j) const {
+    if (j >= seqlen_k(b)) return false;
+    const int64_t diag = i + offset_;  // the key aligned with query i (bottom-right alignment)
+    if (in_.causal && j > diag) return false;
+    if (in_.window_left >= 0 && j < diag - in_.window_left) return false;
+    if (in_.window_right >= 0 && j > diag + in_.window_right) return false;
+    return true;
+  }
+
+  // s_ij, or -inf when key j is not visible (an invisible key and a -inf mask entry are the same
+  // thing to everything downstream: they contribute exp(-inf) = 0).
+  double score(int b, int h, int i, int j) const {
+    if (!visible(b, i, j)) return kNegInf;
+    double s = in_.scale * dot(q(b, h, i), k(b, h / group_, j), dm_.D);
+    if (in_.mask.ptr) {
+      const MaskView& m = in_.mask;
+      s += static_cast<double>(m.ptr[b * m.batch + h * m.head + i * m.row + j * m.col]);
+    }
+    return s;
+  }
+
+  // Forward for one query row: fills s_row[0, S_k) with the scores and o[0, D) with O_i; returns
+  // lse_i (natural log). A row without a finite score gives O_i = 0 and lse_i = -inf.
+  double forward_row(int b, int h, int i, double* s_row, double* o) const {
+    const int D = dm_.D;
+    double m = kNegInf;
+    for (int j = 0; j < dm_.S_k; ++j) {
+      s_row[j] = score(b, h, i, j);
+      m = std::max(m, s_row[j]);
+    }
+    std::fill(o, o + D, 0.0);
+    if (m == kNegInf) return kNegInf;
+    // Subtracting the max keeps every exp <= 1 and the sum >= 1, so nothing overflows and the
+    // log of the sum is well conditioned.
+    double sum = 0.0;
+    const int g = h / group_;
+    for (int j = 0; j < dm_.S_k; ++j) {
+      if (s_row[j] == kNegInf) continue;
+      const double p = std::exp(s_row[j] - m);
+      sum += p;
+      axpy(p, v(b, g, j), o, D);
+    }
+    for (int d = 0; d < D; ++d) o[d] /= sum;
+    return m + std::log(sum);
+  }
+
+  // dQ_i for one query row (o is scratch of D doubles).
+  void dq_row(int b, int h, int i, double* s_row, double* o, double* dq) const {
+    const int D = dm_.D;
+    const double lse = forward_row(b, h, i, s_row, o);
+    std::fill(dq, dq + D, 0.0);
+    if (lse == kNegInf) return;  // no visible key: no gradient flows
+    const double* dO = dout(b, h, i);
+    const double Di = dot(dO, o, D);
+    const int g = h / group_;
+    for (int j = 0; j < dm_.S_k; ++j) {
+      if (s_row[j] == kNegInf) continue;
+      const double p = std::exp(s_row[j] - lse);
+      const double dp = dot(dO, v(b, g, j), D);
+      axpy(p * (dp - Di), k(b, g, j), dq, D);
+    }
+    for (int d = 0; d < D; ++d) dq[d] *= in_.scale;
+  }
+
+  // dK_j and dV_j for key j of kv head g, given lse_i and D_i of the group's query rows, indexed
+  // [(h - g * group) * S_q + i].
+  void dkdv_row(int b, int g, int j, const double* lse, const double* Dt, double* dk, double* dv) const {
+    const int D = dm_.D;
+    std::fill(dk, dk + D, 0.0);
+    std::fill(dv, dv + D, 0.0);
+    const double* vj = v(b, g, j);
+    for (int hh = 0; hh < group_; ++hh) {
+      const int h = g * group_ + hh;
+      for (int i = 0; i < dm_.S_q; ++i) {
+        const double lse_i = lse[static_cast<int64_t>(hh) * dm_.S_q + i];
+        if (lse_i == kNegInf) continue;
+        const double s = score(b, h, i, j);
+        if (s == kNegInf) continue;
+        const double p = std::exp(s - lse_i);
+        const double* dO = dout(b, h, i);
+        const double dp = dot(dO, vj, D);
+        const double Di = Dt[static_cast<int64_t>(hh) * dm_.S_q + i];
+        axpy(p * (dp - Di), q(b, h, i), dk, D);
+        axpy(p, dO, dv, D);
+      }
+    }
+    for (int d = 0; d < D; ++d) dk[d] *= in_.scale;
+  }
+
+ private:
+  int64_t row_index(int b, int h, int heads, int S, int i) const {
+    return ((static_cast<int64_t>(b) * heads + h) * S + i) * dm_.D;
+  }
+
+  const RefInputs& in_;
+  Dims dm_;
+  int group_ = 1;
+  int64_t offset_ = 0;
+};
+
+// Per-worker scratch: one row of scores and one head-dim vector.
+struct Scratch {
+  std::vector<double> s_row, o;
+  explicit Scratch(const Dims& d) : s_row(std::max(d.S_k, 1)), o(std::max(d.D, 1)) {}
+};
+
+int worker_count(int requested, int64_t tasks, double total_work) {
+  int n = requested > 0 ? requested : static_cast<int>(std::thread::hardware_concurrency());
+  n = std::max(n, 1);
+  // Starting a thread costs tens of microseconds: tiny problems run on the calling thread.
+  constexpr double kMinWorkPerThread = 1 << 18;
+  n = static_cast<int>(std::min<double>(n, std::max(1.0, total_work / kMinWorkPerThread)));
+  return static_cast<int>(std::min<int64_t>(n, std::max<int64_t>(tasks, 1)));
+}
+
+// Runs body(t, scratch) for every t in [0, tasks). Tasks are handed out from a shared counter;
+// since each output belongs to one task, the result does not depend on which thread runs it.
+template <class Body>
+void parallel_tasks(int64_t tasks, int workers, const Dims& dims, Body body) {
+  std::atomic<int64_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mu;
+  auto work = [&] {
+    try {
+      Scratch scratch(dims);
+      for (int64_t t = next++; t < tasks; t = next++) body(t, scratch);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mu);
+      if (!error) error = std::current_exception();
+      next = tasks;  // stop the other workers early
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int w = 1; w < workers; ++w) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+// Splits n rows of `row_cost` work each into chunks: enough chunks to balance the workers (rows
+// differ in cost under causal or padding), few enough to keep the counter cold.
+struct Chunking {
+  int64_t chunk = 1, tasks = 0;
+  int workers = 1;
+};
+Chunking chunk_rows(int64_t n, double row_cost, int threads) {
+  Chunking c;
+  c.workers = worker_count(threads, n, static_cast<double>(n) * row_cost);
+  c.chunk = std::max<int64_t>(1, n / (static_cast<int64_t>(c.workers) * 16));
+  c.tasks = (n + c.chunk - 1) / c.chunk;
+  return c;
+}
+
+void check_inputs(const RefInputs& in, bool backward) {
+  const Dims& d = in.dims;
+  if (d.B < 0 || d.H < 1 || d.H_kv < 1 || d.S_q < 0 || d.S_k < 0 || d.D < 1 || d.H % d.H_kv != 0) {
+    throw RuntimeError("reference: invalid dims B=" + std::to_string(d.B) + " H=" + std::to_string(d.H) +
+                       " H_kv=" + std::to_string(d.H_kv) + " S_q=" + std::to_string(d.S_q) +
+                       " S_k=" + std::to_string(d.S_k) + " D=" + std::to_string(d.D));
+  }
+  if (!in.q || !in.k || !in.v || (backward && !in.dout)) {
+    throw RuntimeError("reference: missing input tensor");
+  }
+  if (in.seqlens_k) {
+    for (int b = 0; b < d.B; ++b) {
+      if (in.seqlens_k[b] < 0 || in.seqlens_k[b] > d.S_k) {
+        throw InputError("seqlens_k[" + std::to_string(b) + "] = " + std::to_string(in.seqlens_k[b]) +
+                         " is outside [0, S_k=" + std::to_string(d.S_k) + "]");
+      }
+    }
+  }
+}
+
+void check_row(const RowId& r, int heads, int S, const Dims& d, const char* what) {
+  if (r.b < 0 || r.b >= d.B || r.h < 0 || r.h >= heads || r.i < 0 || r.i >= S) {
+    throw RuntimeError(std::string("reference: ") + what + " row (b=" + std::to_string(r.b) + ", h=" +
+                       std::to_string(r.h) + ", i=" + std::to_string(r.i) + ") out of range");
+  }
+}
+
+std::vector<RowId> all_rows(int B, int heads, int S) {
+  std::vector<RowId> rows;
+  rows.reserve(static_cast<size_t>(B) * heads * S);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < S; ++i) rows.push_back({b, h, i});
+  return rows;
+}
+
+}  // namespace
+
+void reference_forward_rows(const RefInputs& in, const std::vector<RowId>& rows, double* o, double* lse) {
+  check_inputs(in, /*backward=*/false);
+  const Dims& d = in.dims;
+  for (const RowId& r : rows) check_row(r, d.H, d.S_q, d, "query");
+  const Attention attn(in);
+  const int64_t n = static_cast<int64_t>(rows.size());
+  const Chunking c = chunk_rows(n, 2.0 * d.S_k * d.D, in.threads);
+  parallel_tasks(c.tasks, c.workers, d, [&](int64_t t, Scratch& sc) {
+    for (int64_t r = t * c.chunk; r < std::min(n, (t + 1) * c.chunk); ++r) {
+      const RowId& id = rows[r];
+      lse[r] = attn.forward_row(id.b, id.h, id.i, sc.s_row.data(), o + r * d.D);
+    }
+  });
+}
+
+void reference_backward_rows(const RefInputs& in, const std::vector<RowId>& q_rows, double* dq,
+                             const std::vector<RowId>& k_rows, double* dk, double* dv) {
+  check_inputs(in, /*backward=*/true);
+  const Dims& d = in.dims;
+  for (const RowId& r : q_rows) check_row(r, d.H, d.S_q, d, "query");
+  for (const RowId& r : k_rows) check_row(r, d.H_kv, d.S_k, d, "key");
+  const Attention attn(in);
+  const int G = attn.group_size();
+
+  // lse_i and D_i of every query row of each (b, kv head) that a key row needs, computed once.
+  std::map<std::pair<int, int>, size_t> group_index;
+  std::vector<std::pair<int, int>> groups;
+  for (const RowId& r : k_rows) {
+    if (group_index.emplace(std::make_pair(r.b, r.h), groups.size()).second) groups.emplace_back(r.b, r.h);
+  }
+  const int64_t group_rows = static_cast<int64_t>(G) * d.S_q;
+  std::vector<double> lse(groups.size() * group_rows), Dt(groups.size() * group_rows);
+  {
+    const int64_t n = static_cast<int64_t>(groups.size()) * group_rows;
+    const Chunking c = chunk_rows(n, 2.0 * d.S_k * d.D, in.threads);
+    parallel_tasks(c.tasks, c.workers, d, [&](int64_t t, Scratch& sc) {
+      for (int64_t r = t * c.chunk; r < std::min(n, (t + 1) * c.chunk); ++r) {
+        const auto& [b, g] = groups[r / group_rows];
+        const int h = g * G + static_cast<int>((r % group_rows) / d.S_q);
+        const int i = static_cast<int>(r % d.S_q);
+        lse[r] = attn.forward_row(b, h, i, sc.s_row.data(), sc.o.data());
+        Dt[r] = lse[r] == kNegInf ? 0.0 : dot(attn.dout(b, h, i), sc.o.data(), d.D);
+      }
+    });
+  }
+
+  {
+    const int64_t n = static_cast<int64_t>(q_rows.size());
+    const Chunking c = chunk_rows(n, 4.0 * d.S_k * d.D, in.threads);
+    parallel_tasks(c.tasks, c.workers, d, [&](int64_t t, Scratch& sc) {
+      for (int64_t r = t * c.chunk; r < std::min(n, (t + 1) * c.chunk); ++r) {
+        const RowId& id = q_rows[r];
+        attn.dq_row(id.b, id.h, id.i, sc.s_row.data(), sc.o.data(), dq + r * d.D);
+      }
+    });
+  }
+
+  {
+    const int64_t n = static_cast<int64_t>(k_rows.size());
+    const Chunking c = chunk_rows(n, 4.0 * group_rows * d.D, in.threads);
+    parallel_tasks(c.tasks, c.workers, d, [&](int64_t t, Scratch&) {
+      for (int64_t r = t * c.chunk; r < std::min(n, (t + 1) * c.chunk); ++r) {
+        const RowId& id = k_rows[r];
+        const size_t gi = group_index.at({id.b, id.h});
+        attn.dkdv_row(id.b, id.h, id.i, lse.data() + gi * group_rows, Dt.data() + gi * group_rows,
+                      dk + r * d.D, dv + r * d.D);
+      }
+    });
+  }
+}
+
+void reference_forward(const RefInputs& in, double* o, double* lse) {
+  const Dims& d = in.dims;
+  reference_forward_rows(in, all_rows(d.B, d.H, d.S_q), o, lse);
+}
+
+void reference_backward(const RefInputs& in, double* dq, double* dk, double* dv) {
+  const Dims& d = in.dims;
+  reference_backward_rows(in, all_rows(d.B, d.H, d.S_q), dq, all_rows(d.B, d.H_kv, d.S_k), dk, dv);
+}
+
+}  // namespace flashattn

@@ -1,0 +1,229 @@
+#include "report.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <thread>
+
+#include "version.h"
+
+namespace flashattn {
+
+using nlohmann::json;
+
+std::string iso8601_now() {
+  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+namespace {
+
+// NaN/inf are not JSON: they become null.
+json num(double x) { return std::isfinite(x) ? json(x) : json(nullptr); }
+json opt_int(int x) { return x >= 0 ? json(x) : json(nullptr); }
+
+std::string version_str(int v) { return v > 0 ? fmt::format("{}.{}", v / 1000, (v % 1000) / 10) : ""; }
+
+json error_json(const ErrorStats& e) {
+  json j = {{"count", e.count},     {"max_abs", num(e.max_abs)}, {"mean_abs", num(e.mean_abs)},
+            {"mse", num(e.mse)},    {"max_rel", num(e.max_rel)}, {"rel_l2", num(e.rel_l2)},
+            {"ref_max_abs", num(e.ref_max_abs)}, {"ref_rms", num(e.ref_rms)}, {"nonfinite", e.nonfinite}};
+  json mm = json::array();
+  for (const Mismatch& m : e.first_mismatches)
+    mm.push_back({{"row", m.row}, {"col", m.col}, {"got", num(m.got)}, {"want", num(m.want)}});
+  j["first_mismatches"] = mm;
+  return j;
+}
+
+json check_json(const CheckResult& c) {
+  if (!c.performed) return c.note.empty() ? json(nullptr) : json{{"performed", false}, {"note", c.note}};
+  json outs = json::object();
+  for (const OutputCheck& o : c.outputs) {
+    json j = error_json(o.err);
+    j["rule"] = o.rule;
+    j["metric"] = o.metric;
+    j["measured"] = num(o.measured);
+    j["tolerance"] = num(o.tolerance);
+    j["baseline"] = o.baseline >= 0 ? num(o.baseline) : json(nullptr);
+    j["passed"] = o.passed;
+    outs[o.name] = j;
+  }
+  return {{"performed", true},
+          {"passed", c.passed},
+          {"reference", c.reference},
+          {"rows_checked", c.rows_checked},
+          {"rows_total", c.rows_total},
+          {"key_rows_checked", c.key_rows_checked},
+          {"key_rows_total", c.key_rows_total},
+          {"outputs", outs}};
+}
+
+}  // namespace
+
+json device_json(const DeviceInfo* d, const std::string& no_device_reason, int clock_start, int clock_end) {
+  if (!d) return {{"present", false}, {"reason", no_device_reason}};
+  return {{"present", true},
+          {"index", d->index},
+          {"name", d->name},
+          {"pci_bus_id", d->pci_bus_id},
+          {"sm_count", d->sm_count},
+          {"compute_capability", fmt::format("{}.{}", d->cc_major, d->cc_minor)},
+          {"memory_bytes", d->memory_bytes},
+          {"l2_bytes", d->l2_bytes},
+          {"smem_per_block_optin", d->smem_per_block_optin},
+          {"sm_clock_max_mhz", d->max_sm_clock_mhz},
+          {"mem_clock_max_mhz", d->max_mem_clock_mhz},
+          {"sm_clock_start_mhz", opt_int(clock_start)},
+          {"sm_clock_end_mhz", opt_int(clock_end)},
+          {"driver_version", version_str(d->driver_version)},
+          {"runtime_version", version_str(d->runtime_version)},
+          {"peak", {{"fp32_tflops", num(d->peak_fp32_tflops)},
+                    {"tensor_fp16_bf16_tflops", num(d->peak_tensor_tflops)},
+                    {"dram_gbps", num(d->peak_dram_gbps)}}}};
+}
+
+json run_json(const ReportHeader& h, const RunRecord& r) {
+  const Problem& p = h.problem;
+  json j = {{"kernel", r.kernel},
+            {"mode", mode_name(r.mode)},
+            {"status", r.status},
+            {"reason", r.reason},
+            {"gpu", r.gpu},
+            {"shape", {{"B", p.dims.B}, {"H", p.dims.H}, {"H_kv", p.dims.H_kv}, {"S_q", p.dims.S_q},
+                       {"S_k", p.dims.S_k}, {"D", p.dims.D}}},
+            {"dtype", dtype_name(p.dtype)},
+            {"layout", layout_name(p.layout)},
+            {"flags", {{"causal", p.causal},
+                       {"window_left", p.window_left},
+                       {"window_right", p.window_right},
+                       {"scale", p.scale},
+                       {"seqlens_k", h.has_seqlens},
+                       {"mask", h.has_mask}}}};
+  if (r.status != "ok") return j;
+  const TimingStats& t = r.timing;
+  json samples = json::array();
+  for (double s : t.samples_ms) samples.push_back(num(s));
+  j["timing"] = {{"unit", "ms"},
+                 {"clock", t.device_events ? "cuda_events" : "host_steady_clock"},
+                 {"warmup", t.warmup},
+                 {"repeat", static_cast<int>(t.samples_ms.size())},
+                 {"l2_flush", t.l2_flush},
+                 {"median_ms", num(t.median_ms)},
+                 {"min_ms", num(t.min_ms)},
+                 {"max_ms", num(t.max_ms)},
+                 {"mean_ms", num(t.mean_ms)},
+                 {"rel_stddev", num(t.rel_stddev)},
+                 {"samples_ms", samples},
+                 {"sm_clock_start_mhz", opt_int(r.sm_clock_start_mhz)},
+                 {"sm_clock_end_mhz", opt_int(r.sm_clock_end_mhz)}};
+  j["throughput"] = {{"flops", num(r.flops)},
+                     {"tflops", num(r.tflops)},
+                     {"bytes", num(r.bytes)},
+                     {"gbps", num(r.gbps)},
+                     {"peak_fraction", r.peak_fraction >= 0 ? num(r.peak_fraction) : json(nullptr)}};
+  j["memory"] = {{"inputs_bytes", r.memory.inputs_bytes},
+                 {"outputs_bytes", r.memory.outputs_bytes},
+                 {"workspace_bytes", r.memory.workspace_bytes},
+                 {"extra_bytes", r.memory.extra_bytes},
+                 {"peak_bytes", r.memory.peak_bytes},
+                 {"device_used_bytes", r.memory.device_used_bytes >= 0 ? json(r.memory.device_used_bytes)
+                                                                         : json(nullptr)}};
+  j["check"] = check_json(r.check);
+  j["notes"] = r.notes;
+  return j;
+}
+
+json session_json(const ReportHeader& h, const std::vector<RunRecord>& runs) {
+  json arr = json::array();
+  for (const RunRecord& r : runs) arr.push_back(run_json(h, r));
+  return {{"schema_version", kJsonSchemaVersion},
+          {"tool", {{"name", "flashattn"},
+                    {"version", kVersion},
+                    {"git_sha", kGitSha},
+                    {"build_type", kBuildType},
+                    {"cuda_archs", kCudaArchs}}},
+          {"device", device_json(h.device, h.no_device_reason, h.sm_clock_start_mhz, h.sm_clock_end_mhz)},
+          {"host", {{"cpu_threads", h.cpu_threads > 0 ? h.cpu_threads
+                                                       : static_cast<int>(std::thread::hardware_concurrency())}}},
+          {"command_line", h.command_line},
+          {"started_at", h.started_at},
+          {"data", {{"dir", h.data_dir},
+                    {"format", h.data_format},
+                    {"input_dtype", h.input_dtype},
+                    {"generated_dO", h.generated_dout}}},
+          {"runs", arr}};
+}
+
+namespace {
+
+std::string fmt_ms(double ms) {
+  if (ms >= 100) return fmt::format("{:.1f}", ms);
+  if (ms >= 1) return fmt::format("{:.3f}", ms);
+  return fmt::format("{:.4f}", ms);
+}
+
+std::string fmt_err(const RunRecord& r) {
+  if (!r.check.performed) return r.check.note.empty() ? "-" : "ref";
+  double worst = 0;
+  std::string metric;
+  for (const OutputCheck& o : r.check.outputs) {
+    if (o.measured >= worst) {
+      worst = o.measured;
+      metric = o.metric == "rel_l2" ? "rel" : "abs";
+    }
+  }
+  return fmt::format("{:.2e} {} {}", worst, metric, r.check.passed ? "ok" : "FAIL");
+}
+
+}  // namespace
+
+std::string render_table(const std::vector<RunRecord>& runs, const std::string& baseline, bool with_check) {
+  std::string out = fmt::format("{:<10} {:<8} {:>10} {:>7} {:>9} {:>9} {:>8}", "kernel", "mode", "median ms",
+                                "spread", "TFLOP/s", "GB/s", "speedup");
+  if (with_check) out += fmt::format("  {:<20}", "max error (check)");
+  out += "\n";
+  for (const RunRecord& r : runs) {
+    if (r.status != "ok") {
+      out += fmt::format("{:<10} {:<8} {}: {}\n", r.kernel, mode_name(r.mode), r.status, r.reason);
+      continue;
+    }
+    std::string speedup = "-";
+    for (const RunRecord& b : runs) {
+      if (b.kernel == baseline && b.mode == r.mode && b.status == "ok" && r.timing.median_ms > 0)
+        speedup = fmt::format("{:.2f}x", b.timing.median_ms / r.timing.median_ms);
+    }
+    out += fmt::format("{:<10} {:<8} {:>10} {:>6.1f}% {:>9.2f} {:>9.1f} {:>8}", r.kernel, mode_name(r.mode),
+                       fmt_ms(r.timing.median_ms), 100 * r.timing.rel_stddev, r.tflops, r.gbps, speedup);
+    if (with_check) out += "  " + fmt_err(r);
+    out += "\n";
+  }
+  return out;
+}
+
+std::string render_check(const RunRecord& r) {
+  const CheckResult& c = r.check;
+  if (!c.performed) return "";
+  std::string out = fmt::format("  check {} {}: {} ({} of {} query rows", r.kernel, mode_name(r.mode),
+                                c.passed ? "passed" : "FAILED", c.rows_checked, c.rows_total);
+  if (c.key_rows_total) out += fmt::format(", {} of {} key rows", c.key_rows_checked, c.key_rows_total);
+  out += ")\n";
+  for (const OutputCheck& o : c.outputs) {
+    out += fmt::format("    {:<4} max_abs {:.3e}  mean_abs {:.3e}  mse {:.3e}  max_rel {:.3e}  rel_l2 {:.3e}  [{}] {}\n",
+                       o.name, o.err.max_abs, o.err.mean_abs, o.err.mse, o.err.max_rel, o.err.rel_l2, o.rule,
+                       o.passed ? "ok" : "FAIL");
+    if (o.err.nonfinite) out += fmt::format("         {} non-finite value(s) where the reference is finite (or -inf mismatch)\n", o.err.nonfinite);
+    if (!o.passed) {
+      for (const Mismatch& m : o.err.first_mismatches)
+        out += fmt::format("         row {} col {}: got {:.6g}, want {:.6g}\n", m.row, m.col, m.got, m.want);
+    }
+  }
+  return out;
+}
+
+}  // namespace flashattn

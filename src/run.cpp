@@ -1,0 +1,552 @@
+#include "run.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include "dataset.h"
+#include "flashattn/check.h"
+#include "flashattn/error.h"
+
+namespace flashattn {
+
+namespace {
+
+constexpr const char* kReferenceKernel = "cpu";   // the oracle: never checked against itself
+constexpr const char* kBaselineKernel = "naive";  // the same-dtype baseline of the fp16/bf16 rule
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  std::ostringstream os;
+  os.precision(u ? 1 : 0);
+  os << std::fixed << b << " " << units[u];
+  return os.str();
+}
+
+// Owning device allocation.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes) CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+  }
+  ~DeviceBuffer() {
+    if (ptr_) cudaFree(ptr_);
+  }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr, o.bytes_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  void* get() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+DeviceBuffer upload(const HostArray& a) {
+  DeviceBuffer d(a.nbytes());
+  if (a.nbytes()) CUDA_CHECK(cudaMemcpy(d.get(), a.bytes.data(), a.nbytes(), cudaMemcpyHostToDevice));
+  return d;
+}
+
+HostArray download(const DeviceBuffer& d, DType t, std::vector<int64_t> shape) {
+  HostArray a(t, std::move(shape));
+  if (a.nbytes()) CUDA_CHECK(cudaMemcpy(a.bytes.data(), d.get(), a.nbytes(), cudaMemcpyDeviceToHost));
+  return a;
+}
+
+std::vector<int64_t> tensor_shape(Layout l, int B, int H, int S, int D) {
+  return l == Layout::BHSD ? std::vector<int64_t>{B, H, S, D} : std::vector<int64_t>{B, S, H, D};
+}
+
+void fill_nan(HostArray& a) {
+  if (a.dtype == DType::F64) {
+    std::fill(a.data<double>(), a.data<double>() + a.numel(), std::numeric_limits<double>::quiet_NaN());
+  } else {
+    std::memset(a.bytes.data(), 0xFF, a.nbytes());  // all-ones is NaN in fp32, fp16 and bf16
+  }
+}
+
+std::string join_ints(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+std::string dtype_list(uint32_t mask) {
+  std::string s;
+  for (int t = 0; t < kNumDTypes; ++t)
+    if (mask & (1u << t)) s += (s.empty() ? "" : ",") + std::string(dtype_name(static_cast<DType>(t)));
+  return s;
+}
+
+}  // namespace
+
+std::string why_unsupported(const KernelMode& e, const Problem& p, int sm) {
+  const std::string who = "kernel '" + e.kernel + "' (" + mode_name(e.mode) + ")";
+  if (!(e.dtypes & dtype_bit(p.dtype)))
+    return who + " does not support dtype " + dtype_name(p.dtype) + " (supports " + dtype_list(e.dtypes) + ")";
+  const int D = p.dims.D;
+  if (!e.head_dims.empty()) {
+    if (std::find(e.head_dims.begin(), e.head_dims.end(), D) == e.head_dims.end())
+      return who + " does not support head dim " + std::to_string(D) + " (supports " + join_ints(e.head_dims) + ")";
+  } else if (e.max_head_dim > 0 && D > e.max_head_dim) {
+    return who + " does not support head dim " + std::to_string(D) + " (supports 1.." +
+           std::to_string(e.max_head_dim) + ")";
+  }
+  const uint32_t missing = p.required_features() & ~e.features;
+  if (missing) {
+    std::string names;
+    for (int b = 0; b < kNumFeatures; ++b)
+      if (missing & (1u << b)) names += (names.empty() ? "" : ", ") + std::string(feature_name(1u << b));
+    return who + " does not support " + names;
+  }
+  if (e.gpu) {
+    if (sm == 0) return who + " needs a GPU and none is available";
+    if (sm < e.min_sm)
+      return who + " needs sm_" + std::to_string(e.min_sm) + " or newer; this GPU is sm_" + std::to_string(sm);
+  }
+  return "";
+}
+
+double min_bytes_moved(const Problem& p, Mode mode, bool has_mask_input, bool has_seqlens) {
+  const Dims& d = p.dims;
+  const double es = double(dtype_size(p.dtype));
+  const double q = double(d.B) * d.H * d.S_q * d.D * es;
+  const double kv = double(d.B) * d.H_kv * d.S_k * d.D * es;
+  const double lse = double(d.B) * d.H * d.S_q * (p.dtype == DType::F64 ? 8 : 4);
+  double extra = has_seqlens ? 4.0 * d.B : 0.0;
+  if (has_mask_input) extra += double(d.B) * d.H * d.S_q * d.S_k * 4;  // upper bound for broadcast masks
+  if (mode == Mode::Forward) return q + 2 * kv + q + lse + extra;  // read Q, K, V; write O, lse
+  // Backward: read Q, K, V, O, dO, lse; write dQ, dK, dV.
+  return 3 * q + 2 * kv + lse + q + 2 * kv + extra;
+}
+
+struct Session::Impl {
+  RunInputs in;
+  SessionOptions opt;
+  std::optional<DeviceInfo> dev;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  DeviceBuffer cublas_ws;
+  std::unique_ptr<L2Flusher> flusher;
+  size_t free_at_start = 0;
+
+  // Device copies of the inputs (uploaded on first GPU use).
+  bool uploaded = false;
+  DeviceBuffer d_q, d_k, d_v, d_do, d_mask, d_seqlens;
+
+  // Reference cache per mode.
+  std::vector<double> ref_q, ref_k, ref_v, ref_do;
+  std::map<int, RowSelection> selection;
+  std::map<int, ReferenceRows> reference;
+  std::map<int, std::vector<std::pair<std::string, ErrorStats>>> baseline;  // naive errors per mode
+
+  const Dims& dims() const { return in.problem.dims; }
+
+  void init_device() {
+    if (opt.device < 0) return;
+    CUDA_CHECK(cudaSetDevice(opt.device));
+    dev = query_device(opt.device);
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    flusher = std::make_unique<L2Flusher>(dev->l2_bytes);
+    size_t total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_at_start, &total));
+  }
+
+  void ensure_cublas() {
+    if (cublas) return;
+    if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) throw RuntimeError("cublasCreate failed");
+    cublas_ws = DeviceBuffer(kCublasWorkspaceBytes);
+    if (cublasSetStream(cublas, stream) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetWorkspace(cublas, cublas_ws.get(), cublas_ws.bytes()) != CUBLAS_STATUS_SUCCESS)
+      throw RuntimeError("cuBLAS handle setup failed");
+  }
+
+  void ensure_uploaded() {
+    if (uploaded) return;
+    d_q = upload(in.q);
+    d_k = upload(in.k);
+    d_v = upload(in.v);
+    if (in.dout) d_do = upload(*in.dout);
+    if (in.mask) d_mask = upload(*in.mask);
+    if (in.seqlens_k) d_seqlens = upload(*in.seqlens_k);
+    uploaded = true;
+  }
+
+  // Device memory in use now beyond what was in use when the session started (inputs, outputs,
+  // workspaces, library allocations): measured while the run's buffers are still allocated.
+  long long device_used() const {
+    return static_cast<long long>(free_at_start) - static_cast<long long>(free_bytes());
+  }
+
+  size_t free_bytes() const {
+    size_t free = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return free;
+  }
+
+  void require_memory(const std::string& kernel, size_t needed) const {
+    const size_t free = free_bytes();
+    // Keep a little headroom for the runtime and library allocations.
+    const size_t headroom = size_t(64) << 20;
+    if (needed + headroom > free)
+      throw InputError("kernel '" + kernel + "' needs " + human_bytes(double(needed)) + " of GPU memory, " +
+                       human_bytes(double(free)) + " free on device " + std::to_string(opt.device));
+  }
+
+  LaunchContext context(const KernelMode& e) {
+    LaunchContext ctx;
+    if (e.gpu) {
+      ctx.stream = stream;
+      ctx.device = opt.device;
+      ctx.sm = dev->sm();
+      ctx.sm_count = dev->sm_count;
+      if (e.uses_cublas) {
+        ensure_cublas();
+        ctx.cublas = cublas;
+      }
+    }
+    ctx.cpu_threads = opt.cpu_threads;
+    return ctx;
+  }
+
+  // Forward params with the problem's sizes and flags; pointers filled by the caller.
+  FwdParams base_params(bool gpu) const {
+    const Problem& p = in.problem;
+    FwdParams f;
+    f.dtype = p.dtype;
+    f.layout = p.layout;
+    f.B = dims().B, f.H = dims().H, f.H_kv = dims().H_kv, f.S_q = dims().S_q, f.S_k = dims().S_k, f.D = dims().D;
+    f.scale_f64 = p.scale;
+    f.scale = static_cast<float>(p.scale);
+    f.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634074);
+    f.causal = p.causal;
+    f.window_left = p.window_left;
+    f.window_right = p.effective_window_right();
+    f.q_st = f.o_st = layout_strides(p.layout, dims().H, dims().S_q, dims().D);
+    f.k_st = f.v_st = layout_strides(p.layout, dims().H_kv, dims().S_k, dims().D);
+    f.num_sms = gpu && dev ? dev->sm_count : 0;
+    f.deterministic = opt.deterministic;
+    return f;
+  }
+
+  void set_masks(FwdParams& f, const void* mask_ptr, const void* seqlens_ptr) const {
+    if (in.mask) f.mask = mask_view(in.mask->shape, dims(), static_cast<const float*>(mask_ptr), "mask");
+    f.seqlens_k = static_cast<const int32_t*>(seqlens_ptr);
+  }
+
+  std::vector<int64_t> q_shape() const { return tensor_shape(in.problem.layout, dims().B, dims().H, dims().S_q, dims().D); }
+  std::vector<int64_t> kv_shape() const {
+    return tensor_shape(in.problem.layout, dims().B, dims().H_kv, dims().S_k, dims().D);
+  }
+  std::vector<int64_t> lse_shape() const { return {dims().B, dims().H, dims().S_q}; }
+  DType lse_dtype() const { return in.problem.dtype == DType::F64 ? DType::F64 : DType::F32; }
+
+  // ---- host kernels ---------------------------------------------------------------------------
+  struct HostRun {
+    KernelOutputs out;
+    TimingStats timing;
+  };
+
+  HostRun run_host(const KernelMode& e, bool timed) {
+    const LaunchContext ctx = context(e);
+    const DType t = in.problem.dtype;
+    HostRun r;
+    HostArray o(t, q_shape()), lse(lse_dtype(), lse_shape());
+    fill_nan(o);
+    fill_nan(lse);
+    FwdParams f = base_params(false);
+    f.q = in.q.bytes.data(), f.k = in.k.bytes.data(), f.v = in.v.bytes.data();
+    set_masks(f, in.mask ? in.mask->bytes.data() : nullptr, in.seqlens_k ? in.seqlens_k->bytes.data() : nullptr);
+    f.o = o.bytes.data();
+    f.lse = lse.bytes.data();
+    if (e.mode == Mode::Forward) {
+      auto call = [&] { e.fwd(f, ctx); };
+      call();
+      if (timed) r.timing = time_cpu(call, opt.cpu_timing);
+      r.out.o = std::move(o);
+      r.out.lse = std::move(lse);
+      return r;
+    }
+    const KernelMode* fe = Registry::find(e.kernel, Mode::Forward);
+    if (!fe) throw InputError("kernel '" + e.kernel + "' has no forward pass to produce O and lse for backward");
+    fe->fwd(f, ctx);
+    BwdParams b;
+    static_cast<FwdParams&>(b) = f;
+    HostArray dq(t, q_shape()), dk(t, kv_shape()), dv(t, kv_shape());
+    fill_nan(dq), fill_nan(dk), fill_nan(dv);
+    b.dout = in.dout->bytes.data();
+    b.do_st = b.dq_st = f.q_st;
+    b.dk_st = f.k_st, b.dv_st = f.v_st;
+    b.dq = dq.bytes.data(), b.dk = dk.bytes.data(), b.dv = dv.bytes.data();
+    auto call = [&] { e.bwd(b, ctx); };
+    call();
+    if (timed) r.timing = time_cpu(call, opt.cpu_timing);
+    r.out.dq = std::move(dq), r.out.dk = std::move(dk), r.out.dv = std::move(dv);
+    return r;
+  }
+
+  // ---- GPU kernels ----------------------------------------------------------------------------
+  struct GpuRun {
+    KernelOutputs out;
+    TimingStats timing;
+    MemoryStats mem;
+    int clock_start = -1, clock_end = -1;
+  };
+
+  // Runs `e` once with poisoned outputs (the checked run) and, if `timed`, times it.
+  GpuRun run_gpu(const KernelMode& e, bool timed) {
+    ensure_uploaded();
+    const LaunchContext ctx = context(e);
+    const Dims& d = dims();
+    const size_t es = dtype_size(in.problem.dtype);
+    const size_t q_bytes = size_t(d.B) * d.H * d.S_q * d.D * es;
+    const size_t kv_bytes = size_t(d.B) * d.H_kv * d.S_k * d.D * es;
+    const size_t lse_bytes = size_t(d.B) * d.H * d.S_q * sizeof(float);
+    const size_t mask_bytes = d_mask.bytes() + d_seqlens.bytes();
+    const size_t lib_ws = e.uses_cublas ? kCublasWorkspaceBytes : 0;
+
+    FwdParams f = base_params(true);
+    f.q = d_q.get(), f.k = d_k.get(), f.v = d_v.get();
+    set_masks(f, d_mask.get(), d_seqlens.get());
+
+    GpuRun r;
+    const KernelMode* fe = e.mode == Mode::Forward ? &e : Registry::find(e.kernel, Mode::Forward);
+    if (!fe || !fe->fwd)
+      throw InputError("kernel '" + e.kernel + "' has no forward pass to produce O and lse for backward");
+    const size_t fwd_ws = fe->fwd_workspace ? fe->fwd_workspace(f) : 0;
+    require_memory(e.kernel, q_bytes + lse_bytes + fwd_ws + (e.mode == Mode::Forward ? 0 : q_bytes + 2 * kv_bytes));
+    DeviceBuffer o(q_bytes), lse(lse_bytes);
+    f.o = o.get();
+    f.lse = lse.get();
+
+    if (e.mode == Mode::Forward) {
+      DeviceBuffer ws(fwd_ws);
+      f.workspace = ws.get();
+      f.workspace_bytes = fwd_ws;
+      CUDA_CHECK(cudaMemsetAsync(o.get(), 0xFF, q_bytes, stream));  // poison: NaN in every dtype
+      CUDA_CHECK(cudaMemsetAsync(lse.get(), 0xFF, lse_bytes, stream));
+      auto call = [&] { e.fwd(f, ctx); };
+      call();
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      r.out.o = download(o, in.problem.dtype, q_shape());
+      r.out.lse = download(lse, DType::F32, lse_shape());
+      r.mem.inputs_bytes = q_bytes + 2 * kv_bytes + mask_bytes;
+      r.mem.outputs_bytes = q_bytes;
+      r.mem.workspace_bytes = fwd_ws + lib_ws;
+      r.mem.extra_bytes = r.mem.workspace_bytes + lse_bytes;
+      if (timed) {
+        r.clock_start = nvml_sm_clock_mhz(*dev);
+        r.timing = time_gpu(call, stream, opt.timing, flusher.get());
+        r.clock_end = nvml_sm_clock_mhz(*dev);
+      }
+      r.mem.device_used_bytes = device_used();
+    } else {
+      {
+        // O and lse from the same kernel's forward pass (not timed).
+        DeviceBuffer ws(fwd_ws);
+        f.workspace = ws.get();
+        f.workspace_bytes = fwd_ws;
+        const LaunchContext fctx = context(*fe);
+        fe->fwd(f, fctx);
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+      }
+      BwdParams b;
+      static_cast<FwdParams&>(b) = f;
+      b.workspace = nullptr;
+      b.workspace_bytes = 0;
+      b.dout = d_do.get();
+      b.do_st = b.dq_st = f.q_st;
+      b.dk_st = f.k_st, b.dv_st = f.v_st;
+      const size_t bwd_ws = e.bwd_workspace ? e.bwd_workspace(b) : 0;
+      require_memory(e.kernel, q_bytes + 2 * kv_bytes + bwd_ws);
+      DeviceBuffer dq(q_bytes), dk(kv_bytes), dv(kv_bytes), ws(bwd_ws);
+      b.dq = dq.get(), b.dk = dk.get(), b.dv = dv.get();
+      b.workspace = ws.get();
+      b.workspace_bytes = bwd_ws;
+      CUDA_CHECK(cudaMemsetAsync(dq.get(), 0xFF, q_bytes, stream));
+      CUDA_CHECK(cudaMemsetAsync(dk.get(), 0xFF, kv_bytes, stream));
+      CUDA_CHECK(cudaMemsetAsync(dv.get(), 0xFF, kv_bytes, stream));
+      auto call = [&] { e.bwd(b, ctx); };
+      call();
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      r.out.dq = download(dq, in.problem.dtype, q_shape());
+      r.out.dk = download(dk, in.problem.dtype, kv_shape());
+      r.out.dv = download(dv, in.problem.dtype, kv_shape());
+      r.mem.inputs_bytes = 3 * q_bytes + 2 * kv_bytes + lse_bytes + mask_bytes;  // Q, K, V, O, dO, lse
+      r.mem.outputs_bytes = q_bytes + 2 * kv_bytes;
+      r.mem.workspace_bytes = bwd_ws + lib_ws;
+      r.mem.extra_bytes = r.mem.workspace_bytes;
+      if (timed) {
+        r.clock_start = nvml_sm_clock_mhz(*dev);
+        r.timing = time_gpu(call, stream, opt.timing, flusher.get());
+        r.clock_end = nvml_sm_clock_mhz(*dev);
+      }
+      r.mem.device_used_bytes = device_used();
+    }
+    r.mem.peak_bytes = r.mem.inputs_bytes + r.mem.outputs_bytes + r.mem.extra_bytes;
+    return r;
+  }
+
+  // ---- validation -------------------------------------------------------------------------------
+  RefInputs ref_inputs(bool backward) {
+    const Problem& p = in.problem;
+    auto to_bhsd = [&](const HostArray& a, int H, int S) {
+      std::vector<double> out(size_t(dims().B) * H * S * dims().D);
+      const Strides st = layout_strides(p.layout, H, S, dims().D);
+      size_t k = 0;
+      for (int b = 0; b < dims().B; ++b)
+        for (int h = 0; h < H; ++h)
+          for (int i = 0; i < S; ++i)
+            for (int c = 0; c < dims().D; ++c) out[k++] = element_as_double(a, b * st.batch + h * st.head + i * st.row + c);
+      return out;
+    };
+    if (ref_q.empty()) {
+      ref_q = to_bhsd(in.q, dims().H, dims().S_q);
+      ref_k = to_bhsd(in.k, dims().H_kv, dims().S_k);
+      ref_v = to_bhsd(in.v, dims().H_kv, dims().S_k);
+    }
+    if (backward && ref_do.empty()) ref_do = to_bhsd(*in.dout, dims().H, dims().S_q);
+    RefInputs r;
+    r.dims = dims();
+    r.scale = p.scale;
+    r.causal = p.causal;
+    r.window_left = p.window_left;
+    r.window_right = p.window_right;
+    r.q = ref_q.data(), r.k = ref_k.data(), r.v = ref_v.data();
+    r.dout = backward ? ref_do.data() : nullptr;
+    r.seqlens_k = in.seqlens_k ? in.seqlens_k->data<int32_t>() : nullptr;
+    if (in.mask) r.mask = mask_view(in.mask->shape, dims(), in.mask->data<float>(), "mask");
+    r.threads = opt.cpu_threads;
+    return r;
+  }
+
+  const RowSelection& rows_for(Mode m) {
+    const int key = static_cast<int>(m);
+    auto it = selection.find(key);
+    if (it == selection.end())
+      it = selection.emplace(key, select_rows(dims(), m == Mode::Backward, opt.check_budget_macs, opt.seed)).first;
+    return it->second;
+  }
+
+  const ReferenceRows& reference_for(Mode m) {
+    const int key = static_cast<int>(m);
+    auto it = reference.find(key);
+    if (it == reference.end()) {
+      const bool bwd = m == Mode::Backward;
+      it = reference.emplace(key, compute_reference(ref_inputs(bwd), rows_for(m), bwd)).first;
+    }
+    return it->second;
+  }
+
+  std::vector<std::pair<std::string, ErrorStats>> errors_of(const KernelOutputs& out, Mode m) {
+    const RowSelection& sel = rows_for(m);
+    return measure_errors(gather_rows(out, sel, dims(), in.problem.layout), reference_for(m), dims().D);
+  }
+
+  // Errors of the naive kernel in the same dtype (nullptr when it cannot run here).
+  const std::vector<std::pair<std::string, ErrorStats>>* baseline_for(Mode m) {
+    const int key = static_cast<int>(m);
+    auto it = baseline.find(key);
+    if (it != baseline.end()) return &it->second;
+    const KernelMode* nv = Registry::find(kBaselineKernel, m);
+    if (!nv || !dev || !why_unsupported(*nv, in.problem, dev->sm()).empty()) return nullptr;
+    GpuRun r = run_gpu(*nv, /*timed=*/false);
+    return &baseline.emplace(key, errors_of(r.out, m)).first->second;
+  }
+
+  void validate(const KernelMode& e, RunRecord& rec) {
+    if (!e.gpu && e.kernel == kReferenceKernel) {
+      rec.check.performed = false;
+      rec.check.note = "cpu is the reference";
+      return;
+    }
+    auto errs = errors_of(rec.outputs, e.mode);
+    const bool half = in.problem.dtype == DType::F16 || in.problem.dtype == DType::BF16;
+    const bool is_baseline = e.kernel == kBaselineKernel;
+    const auto* base = half && !is_baseline ? baseline_for(e.mode) : nullptr;
+    rec.check = judge(errs, in.problem.dtype, is_baseline, base);
+    const RowSelection& sel = rows_for(e.mode);
+    rec.check.rows_checked = static_cast<int64_t>(sel.q_rows.size());
+    rec.check.rows_total = sel.q_total;
+    rec.check.key_rows_checked = static_cast<int64_t>(sel.k_rows.size());
+    rec.check.key_rows_total = sel.k_total;
+  }
+};
+
+Session::Session(RunInputs inputs, SessionOptions opt) : impl_(std::make_unique<Impl>()) {
+  impl_->in = std::move(inputs);
+  impl_->opt = std::move(opt);
+  impl_->init_device();
+}
+
+Session::~Session() {
+  if (impl_->cublas) cublasDestroy(impl_->cublas);
+  if (impl_->stream) cudaStreamDestroy(impl_->stream);
+}
+
+const DeviceInfo* Session::device() const { return impl_->dev ? &*impl_->dev : nullptr; }
+const RunInputs& Session::inputs() const { return impl_->in; }
+const SessionOptions& Session::options() const { return impl_->opt; }
+
+RunRecord Session::run(const KernelMode& e) {
+  Impl& s = *impl_;
+  const Problem& p = s.in.problem;
+  const std::string why = why_unsupported(e, p, s.dev ? s.dev->sm() : 0);
+  if (!why.empty()) throw InputError(why);
+  if (e.mode == Mode::Backward && !s.in.dout) throw InputError("backward needs dO (none loaded or generated)");
+  if ((e.mode == Mode::Forward && !e.fwd) || (e.mode == Mode::Backward && !e.bwd))
+    throw InputError("kernel '" + e.kernel + "' registered " + mode_name(e.mode) + " without an entry point");
+
+  RunRecord rec;
+  rec.kernel = e.kernel;
+  rec.mode = e.mode;
+  rec.gpu = e.gpu;
+  const int32_t* seqlens = s.in.seqlens_k ? s.in.seqlens_k->data<int32_t>() : nullptr;
+  rec.flops = e.mode == Mode::Forward ? forward_flops(p, seqlens) : backward_flops(p, seqlens);
+  rec.bytes = min_bytes_moved(p, e.mode, s.in.mask.has_value(), s.in.seqlens_k.has_value());
+
+  if (e.gpu) {
+    Impl::GpuRun r = s.run_gpu(e, /*timed=*/true);
+    rec.outputs = std::move(r.out);
+    rec.timing = std::move(r.timing);
+    rec.memory = r.mem;
+    rec.sm_clock_start_mhz = r.clock_start;
+    rec.sm_clock_end_mhz = r.clock_end;
+  } else {
+    Impl::HostRun r = s.run_host(e, /*timed=*/true);
+    rec.outputs = std::move(r.out);
+    rec.timing = std::move(r.timing);
+  }
+  if (s.opt.check) s.validate(e, rec);
+
+  const double sec = rec.timing.median_ms * 1e-3;
+  if (sec > 0) {
+    rec.tflops = rec.flops / sec / 1e12;
+    rec.gbps = rec.bytes / sec / 1e9;
+    if (e.gpu && s.dev) {
+      const double peak = peak_tflops_for(*s.dev, dtype_name(p.dtype));
+      if (peak > 0) rec.peak_fraction = rec.tflops / peak;
+    }
+  }
+  return rec;
+}
+
+}  // namespace flashattn

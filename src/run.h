@@ -1,0 +1,93 @@
+// The run loop: one Session holds the inputs (host, and on the device once uploaded), the stream,
+// the cuBLAS handle, the L2 flusher and the reference cache; Session::run executes one registered
+// kernel in one mode: validate (poisoned outputs, fp64 reference), then time, then report.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "array.h"
+#include "device_info.h"
+#include "flashattn/registry.h"
+#include "problem.h"
+#include "timing.h"
+#include "validate.h"
+
+namespace flashattn {
+
+// Inputs in the compute dtype and the problem's layout (int32 seqlens_k, float32 mask).
+struct RunInputs {
+  Problem problem;
+  HostArray q, k, v;
+  std::optional<HostArray> dout;
+  std::optional<HostArray> seqlens_k;
+  std::optional<HostArray> mask;
+};
+
+struct SessionOptions {
+  int device = -1;  // CUDA device index; -1: no GPU (only host kernels can run)
+  TimingOptions timing;
+  TimingOptions cpu_timing;  // for host kernels (fewer repetitions by default)
+  bool check = false;
+  bool deterministic = false;
+  int cpu_threads = 0;
+  uint64_t seed = 0;
+  double check_budget_macs = 8e9;  // reference work per mode before rows are sampled
+};
+
+struct MemoryStats {
+  size_t inputs_bytes = 0;     // tensors the kernel reads (device copies)
+  size_t outputs_bytes = 0;    // O, or dQ/dK/dV
+  size_t workspace_bytes = 0;  // scratch the kernel declared (+ the cuBLAS workspace if it uses cuBLAS)
+  size_t extra_bytes = 0;      // memory beyond inputs and outputs: workspace (+ lse in forward)
+  size_t peak_bytes = 0;       // inputs + outputs + extra, held at once during the run
+  long long device_used_bytes = -1;  // cudaMemGetInfo growth since the session started (GPU only)
+};
+
+struct RunRecord {
+  std::string kernel;
+  Mode mode = Mode::Forward;
+  bool gpu = true;
+  std::string status = "ok";  // "ok", "skipped" (with reason), "failed" (with reason)
+  std::string reason;
+  TimingStats timing;
+  double flops = 0, bytes = 0;
+  double tflops = 0, gbps = 0;
+  double peak_fraction = -1;  // of the dtype's peak compute rate; -1 when unknown
+  MemoryStats memory;
+  CheckResult check;
+  KernelOutputs outputs;
+  int sm_clock_start_mhz = -1, sm_clock_end_mhz = -1;
+  std::vector<std::string> notes;
+};
+
+// "" when `entry` can run problem `p` on a device of compute capability `sm` (0: no GPU); else a
+// one-line reason naming what is unsupported and what the kernel supports.
+std::string why_unsupported(const KernelMode& entry, const Problem& p, int sm);
+
+// Minimum bytes a mode must move: each input read once, each output written once.
+double min_bytes_moved(const Problem& p, Mode mode, bool has_mask_input, bool has_seqlens);
+
+class Session {
+ public:
+  Session(RunInputs inputs, SessionOptions opt);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Runs one kernel in one mode. Support is checked first (InputError if unsupported); GPU errors
+  // propagate as RuntimeError.
+  RunRecord run(const KernelMode& entry);
+
+  const DeviceInfo* device() const;
+  const RunInputs& inputs() const;
+  const SessionOptions& options() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace flashattn

@@ -1,0 +1,107 @@
+// The --check machinery: error metrics, the tolerance rules and row sampling.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include "validate.h"
+
+namespace flashattn {
+namespace {
+
+TEST(CompareValues, ReportsAbsoluteRelativeAndL2Errors) {
+  const std::vector<double> want = {1, 2, 3, 4};
+  const std::vector<double> got = {1, 2, 3.5, 4};
+  ErrorStats e = compare_values(got, want, 2, 0.1);
+  EXPECT_EQ(e.count, 4);
+  EXPECT_DOUBLE_EQ(e.max_abs, 0.5);
+  EXPECT_DOUBLE_EQ(e.mean_abs, 0.125);
+  EXPECT_DOUBLE_EQ(e.mse, 0.0625);
+  EXPECT_NEAR(e.max_rel, 0.5 / 3, 1e-15);
+  EXPECT_NEAR(e.rel_l2, 0.5 / std::sqrt(30.0), 1e-15);
+  ASSERT_EQ(e.first_mismatches.size(), 1u);
+  EXPECT_EQ(e.first_mismatches[0].row, 1);
+  EXPECT_EQ(e.first_mismatches[0].col, 0);
+}
+
+TEST(CompareValues, NanWhereTheReferenceIsFiniteIsCounted) {
+  ErrorStats e = compare_values({1, NAN}, {1, 2}, 1, 1e-3);
+  EXPECT_EQ(e.nonfinite, 1);
+}
+
+TEST(CompareValues, MinusInfinityMustMatchExactly) {
+  EXPECT_EQ(compare_values({-INFINITY, 1}, {-INFINITY, 1}, 1, 1e-3).nonfinite, 0);
+  EXPECT_EQ(compare_values({0.0, 1}, {-INFINITY, 1}, 1, 1e-3).nonfinite, 1);
+}
+
+TEST(CompareValues, AllZeroReferenceAndOutputIsExact) {
+  EXPECT_EQ(compare_values({0, 0}, {0, 0}, 1, 0).rel_l2, 0.0);
+  EXPECT_GT(compare_values({0, 1e-3}, {0, 0}, 1, 0).rel_l2, 1.0);
+}
+
+std::vector<std::pair<std::string, ErrorStats>> one(const char* name, double max_abs, double rel_l2) {
+  ErrorStats e;
+  e.count = 1;
+  e.max_abs = max_abs;
+  e.rel_l2 = rel_l2;
+  e.ref_max_abs = 1;
+  e.ref_rms = 1;
+  return {{name, e}};
+}
+
+TEST(Judge, Fp32UsesRelativeL2OfOneInAHundredThousand) {
+  EXPECT_TRUE(judge(one("O", 1, 0.9e-5), DType::F32, false, nullptr).passed);
+  EXPECT_FALSE(judge(one("O", 1, 1.1e-5), DType::F32, false, nullptr).passed);
+}
+
+TEST(Judge, Fp32OutputThatIsZeroBySymmetryIsHeldToAnAbsoluteRmsError) {
+  ErrorStats e = compare_values({3e-7, -2e-7}, {0, 0}, 1, 1e-3);
+  EXPECT_TRUE(judge({{"dK", e}}, DType::F32, false, nullptr).passed);
+  e = compare_values({3e-5, -2e-5}, {0, 0}, 1, 1e-3);
+  EXPECT_FALSE(judge({{"dK", e}}, DType::F32, false, nullptr).passed);
+}
+
+TEST(Judge, HalfPrecisionAllowsTwiceTheNaiveErrorForOutputs) {
+  auto naive = one("O", 1e-3, 0);
+  EXPECT_TRUE(judge(one("O", 1.9e-3, 0), DType::BF16, false, &naive).passed);
+  EXPECT_FALSE(judge(one("O", 2.2e-3, 0), DType::BF16, false, &naive).passed);
+}
+
+TEST(Judge, HalfPrecisionAllowsThreeTimesTheNaiveErrorForGradients) {
+  auto naive = one("dK", 1e-3, 0);
+  EXPECT_TRUE(judge(one("dK", 2.9e-3, 0), DType::F16, false, &naive).passed);
+  EXPECT_FALSE(judge(one("dK", 3.2e-3, 0), DType::F16, false, &naive).passed);
+}
+
+TEST(Judge, NonFiniteValuesFailRegardlessOfTheMetric) {
+  auto errs = one("O", 0, 0);
+  errs[0].second.nonfinite = 1;
+  EXPECT_FALSE(judge(errs, DType::F32, false, nullptr).passed);
+}
+
+TEST(SelectRows, SmallProblemsCheckEveryRow) {
+  Dims d{2, 4, 2, 33, 47, 16};
+  RowSelection s = select_rows(d, true, 1e9, 1);
+  EXPECT_EQ(static_cast<int64_t>(s.q_rows.size()), s.q_total);
+  EXPECT_EQ(static_cast<int64_t>(s.k_rows.size()), s.k_total);
+}
+
+TEST(SelectRows, LargeProblemsSampleDistinctRowsIncludingTheEnds) {
+  Dims d{1, 16, 16, 16384, 16384, 128};
+  RowSelection s = select_rows(d, true, 4e9, 7);
+  EXPECT_LT(static_cast<int64_t>(s.q_rows.size()), s.q_total);
+  EXPECT_GE(s.q_rows.size(), 256u);
+  std::set<std::tuple<int, int, int>> seen;
+  for (const RowId& r : s.q_rows) seen.insert({r.b, r.h, r.i});
+  EXPECT_EQ(seen.size(), s.q_rows.size());
+  EXPECT_TRUE(seen.count({0, 0, 0}));
+  EXPECT_TRUE(seen.count({0, 15, 16383}));
+  EXPECT_FALSE(s.k_rows.empty());
+  // Same seed, same rows.
+  RowSelection again = select_rows(d, true, 4e9, 7);
+  ASSERT_EQ(again.q_rows.size(), s.q_rows.size());
+  EXPECT_EQ(again.q_rows[10].i, s.q_rows[10].i);
+}
+
+}  // namespace
+}  // namespace flashattn

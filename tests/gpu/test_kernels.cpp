@@ -1,0 +1,237 @@
+// GPU test matrix, derived from the kernel registry: every registered GPU kernel x mode x dtype x
+// head dim it declares, on awkward shapes (S = 1, 17, 100, 1023 vs 1024, S_q != S_k with causal,
+// GQA, window, key padding, additive mask, fully masked rows, bshd), checked against the fp64 cpu
+// reference with outputs poisoned (NaN) before the run. A case whose features the kernel does not
+// declare is skipped, not failed. Exits 77 (ctest: skipped) when no CUDA device is present.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "device_info.h"
+#include "flashattn/registry.h"
+#include "random.h"
+#include "run.h"
+
+namespace flashattn {
+namespace {
+
+struct Shape {
+  int B, H, H_kv, S_q, S_k;
+  bool causal = false;
+  int wl = -1, wr = -1;
+  bool padding = false;  // seqlens_k with a 0 and a short length
+  bool mask = false;     // additive mask with -inf entries and fully masked rows
+  bool bshd = false;
+  const char* tag = "";
+};
+
+struct Case {
+  const KernelMode* entry;
+  DType dtype;
+  int D;
+  Shape s;
+};
+
+// Head dims tried for kernels that accept any D (FlashAttention suite's list, trimmed).
+const std::vector<int> kAnyHeadDims = {32, 40, 59, 64, 80, 96, 111, 128, 160, 256};
+
+const std::vector<Shape>& shape_matrix() {
+  static const std::vector<Shape> shapes = [] {
+    std::vector<Shape> v;
+    v.push_back({1, 2, 2, 1, 1, false, -1, -1, false, false, false, "s1"});
+    v.push_back({2, 2, 2, 17, 17, false, -1, -1, false, false, false, "s17"});
+    v.push_back({1, 3, 3, 100, 100, true, -1, -1, false, false, false, "s100_causal"});
+    v.push_back({1, 2, 2, 1023, 1024, false, -1, -1, false, false, false, "s1023x1024"});
+    v.push_back({1, 2, 2, 1024, 1023, true, -1, -1, false, false, false, "s1024x1023_causal"});
+    v.push_back({1, 2, 2, 113, 203, true, -1, -1, false, false, false, "s113x203_causal"});
+    v.push_back({1, 2, 2, 203, 113, true, -1, -1, false, false, false, "s203x113_causal"});
+    v.push_back({2, 2, 2, 1, 239, true, -1, -1, false, false, false, "s1x239_causal"});
+    v.push_back({1, 2, 2, 3, 799, false, -1, -1, false, false, false, "s3x799"});
+    v.push_back({1, 2, 2, 127, 513, false, -1, -1, false, false, false, "s127x513"});
+    v.push_back({2, 6, 2, 128, 217, true, -1, -1, false, false, false, "gqa6_2_causal"});
+    v.push_back({1, 6, 1, 108, 256, false, -1, -1, false, false, false, "mqa6_1"});
+    v.push_back({1, 2, 2, 256, 512, false, 32, 16, false, false, false, "window32_16"});
+    v.push_back({1, 2, 2, 300, 300, true, 64, -1, false, false, false, "window64_causal"});
+    v.push_back({3, 2, 2, 96, 160, false, -1, -1, true, false, false, "padding"});
+    v.push_back({2, 2, 2, 77, 130, false, -1, -1, false, true, false, "mask"});
+    v.push_back({2, 4, 2, 65, 140, true, -1, -1, false, false, true, "bshd_gqa_causal"});
+    return v;
+  }();
+  return shapes;
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases;
+  const DType dtypes[] = {DType::F32, DType::F16, DType::BF16};
+  for (const KernelMode* e : Registry::entries()) {
+    if (!e->gpu || (e->mode != Mode::Forward && e->mode != Mode::Backward)) continue;
+    for (DType t : dtypes) {
+      if (!(e->dtypes & dtype_bit(t))) continue;
+      std::vector<int> dims = e->head_dims;
+      if (dims.empty())
+        for (int d : kAnyHeadDims)
+          if (e->max_head_dim == 0 || d <= e->max_head_dim) dims.push_back(d);
+      // Every head dim on one unequal, causal shape and one plain shape...
+      for (int D : dims) {
+        cases.push_back({e, t, D, {1, 2, 2, 113, 203, false, -1, -1, false, false, false, "s113x203"}});
+        cases.push_back({e, t, D, {2, 2, 1, 128, 100, true, -1, -1, false, false, false, "s128x100_causal_mqa"}});
+      }
+      // ...and every awkward shape at one representative head dim.
+      int D0 = dims.front();
+      for (int d : dims)
+        if (d == 64) D0 = 64;
+      for (const Shape& s : shape_matrix()) cases.push_back({e, t, D0, s});
+    }
+  }
+  return cases;
+}
+
+// gtest prints a failing parameter with this instead of its bytes.
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.entry->kernel << " " << mode_name(c.entry->mode) << " " << dtype_name(c.dtype) << " D=" << c.D
+      << " B=" << c.s.B << " H=" << c.s.H << " H_kv=" << c.s.H_kv << " S_q=" << c.s.S_q << " S_k=" << c.s.S_k
+      << (c.s.causal ? " causal" : "") << " window=(" << c.s.wl << "," << c.s.wr << ")"
+      << (c.s.padding ? " padding" : "") << (c.s.mask ? " mask" : "") << (c.s.bshd ? " bshd" : "");
+}
+
+std::string case_name(const testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  std::string n = c.entry->kernel + "_" + mode_name(c.entry->mode) + "_" + dtype_name(c.dtype) + "_D" +
+                  std::to_string(c.D) + "_" + c.s.tag;
+  for (char& ch : n)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return n;
+}
+
+HostArray random_array(DType t, std::vector<int64_t> shape, uint64_t seed, uint64_t stream) {
+  HostArray f(DType::F64, std::move(shape));
+  Rng rng(seed, stream);
+  for (int64_t i = 0; i < f.numel(); ++i) f.data<double>()[i] = rng.normal();
+  return convert(f, t);
+}
+
+RunInputs make_inputs(const Case& c, uint64_t seed) {
+  const Shape& s = c.s;
+  RunInputs in;
+  Problem& p = in.problem;
+  p.dims = {s.B, s.H, s.H_kv, s.S_q, s.S_k, c.D};
+  p.dtype = c.dtype;
+  p.layout = s.bshd ? Layout::BSHD : Layout::BHSD;
+  p.scale = 1.0 / std::sqrt(double(c.D));
+  p.causal = s.causal;
+  p.window_left = s.wl;
+  p.window_right = s.wr;
+  auto shape = [&](int H, int S) {
+    return s.bshd ? std::vector<int64_t>{s.B, S, H, c.D} : std::vector<int64_t>{s.B, H, S, c.D};
+  };
+  in.q = random_array(c.dtype, shape(s.H, s.S_q), seed, 1);
+  in.k = random_array(c.dtype, shape(s.H_kv, s.S_k), seed, 2);
+  in.v = random_array(c.dtype, shape(s.H_kv, s.S_k), seed, 3);
+  in.dout = random_array(c.dtype, shape(s.H, s.S_q), seed, 4);
+  if (s.padding) {
+    HostArray lens(DType::I32, {s.B});
+    for (int b = 0; b < s.B; ++b) lens.data<int32_t>()[b] = b == 0 ? 0 : (b == 1 ? s.S_k / 3 + 1 : s.S_k);
+    in.seqlens_k = lens;
+    p.has_padding = true;
+  }
+  if (s.mask) {
+    // [B, 1, S_q, S_k] (broadcast over heads): N(0,1) bias, ~10% -inf, and fully masked rows 0 and 5.
+    HostArray m(DType::F32, {s.B, 1, s.S_q, s.S_k});
+    Rng rng(seed, 5);
+    float* mp = m.data<float>();
+    for (int b = 0; b < s.B; ++b)
+      for (int i = 0; i < s.S_q; ++i)
+        for (int j = 0; j < s.S_k; ++j) {
+          const double u = rng.uniform();
+          float val = static_cast<float>(rng.normal());
+          if (u < 0.1 || i == 0 || i == 5) val = -INFINITY;
+          mp[(int64_t(b) * s.S_q + i) * s.S_k + j] = val;
+        }
+    in.mask = m;
+    p.has_mask = true;
+  }
+  return in;
+}
+
+int g_device = 0;
+
+class KernelMatrix : public testing::TestWithParam<Case> {};
+
+TEST_P(KernelMatrix, MatchesReference) {
+  const Case& c = GetParam();
+  RunInputs in = make_inputs(c, 1234);
+  const std::string why = why_unsupported(*c.entry, in.problem, query_device(g_device).sm());
+  if (!why.empty()) GTEST_SKIP() << why;
+  SessionOptions so;
+  so.device = g_device;
+  so.timing.warmup = 0;
+  so.timing.repeat = 1;
+  so.timing.flush_l2 = false;
+  so.check = true;
+  Session session(std::move(in), so);
+  RunRecord r = session.run(*c.entry);
+  ASSERT_TRUE(r.check.performed);
+  for (const OutputCheck& o : r.check.outputs) {
+    EXPECT_TRUE(o.passed) << o.name << ": " << o.metric << " " << o.measured << " vs tolerance " << o.tolerance
+                          << " [" << o.rule << "], nonfinite " << o.err.nonfinite << ", max_abs " << o.err.max_abs
+                          << ", rel_l2 " << o.err.rel_l2;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, KernelMatrix, testing::ValuesIn(all_cases()), case_name);
+
+// Kernels that declare no atomics give bitwise-identical outputs run after run.
+class Determinism : public testing::TestWithParam<const KernelMode*> {};
+
+TEST_P(Determinism, RepeatedRunsAreBitwiseIdentical) {
+  const KernelMode* e = GetParam();
+  DType t = (e->dtypes & dtype_bit(DType::BF16)) ? DType::BF16 : DType::F32;
+  int D = e->head_dims.empty() ? 64 : e->head_dims.front();
+  for (int d : e->head_dims)
+    if (d == 64) D = 64;
+  Case c{e, t, D, {2, 4, 2, 200, 333, true, -1, -1, false, false, false, "det"}};
+  RunInputs in = make_inputs(c, 99);
+  if (!why_unsupported(*e, in.problem, query_device(g_device).sm()).empty()) GTEST_SKIP();
+  SessionOptions so;
+  so.device = g_device;
+  so.timing.warmup = 0;
+  so.timing.repeat = 1;
+  so.deterministic = true;
+  Session session(std::move(in), so);
+  RunRecord a = session.run(*e), b = session.run(*e);
+  auto same = [](const std::optional<HostArray>& x, const std::optional<HostArray>& y) {
+    return x.has_value() == y.has_value() && (!x || x->bytes == y->bytes);
+  };
+  EXPECT_TRUE(same(a.outputs.o, b.outputs.o) && same(a.outputs.lse, b.outputs.lse));
+  EXPECT_TRUE(same(a.outputs.dq, b.outputs.dq) && same(a.outputs.dk, b.outputs.dk) && same(a.outputs.dv, b.outputs.dv));
+}
+
+std::vector<const KernelMode*> deterministic_entries() {
+  std::vector<const KernelMode*> v;
+  for (const KernelMode* e : Registry::entries())
+    if (e->gpu && (!e->uses_atomics || e->has_deterministic_path) && e->mode != Mode::Decode) v.push_back(e);
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, Determinism, testing::ValuesIn(deterministic_entries()),
+                         [](const testing::TestParamInfo<const KernelMode*>& i) {
+                           return i.param->kernel + "_" + mode_name(i.param->mode);
+                         });
+
+}  // namespace
+}  // namespace flashattn
+
+int main(int argc, char** argv) {
+  std::string why;
+  if (flashattn::cuda_device_count(&why) == 0) {
+    std::printf("GPU tests skipped: %s\n", why.c_str());
+    return 77;  // ctest SKIP_RETURN_CODE
+  }
+  if (const char* dev = std::getenv("FLASHATTN_TEST_DEVICE")) flashattn::g_device = std::atoi(dev);
+  testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
