@@ -16,7 +16,14 @@ int cuda_device_count(std::string* why) {
   cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess) {
     cudaGetLastError();
-    if (why) *why = std::string("no usable CUDA device (") + cudaGetErrorString(err) + ")";
+    if (why) {
+      if (err == cudaErrorNoDevice)
+        *why = "no CUDA device found";
+      else if (err == cudaErrorInsufficientDriver)
+        *why = "no CUDA device (no NVIDIA driver loaded, or one older than this CUDA runtime)";
+      else
+        *why = std::string("no usable CUDA device (") + cudaGetErrorString(err) + ")";
+    }
     return 0;
   }
   if (n == 0 && why) *why = "no CUDA device found";
