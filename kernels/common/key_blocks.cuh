@@ -1,0 +1,51 @@
+// Block-level visibility for kernels that tile queries by kBlockM and keys by kBlockN: which key
+// blocks a query block must visit at all, and which of those need no per-element masking.
+// Both follow params.h's rule (see common/mask.cuh for the per-element predicate):
+//   key j visible to query i:  j < seqlen_k,  j >= i + (S_k - S_q) - window_left  (window_left >= 0),
+//                              j <= i + (S_k - S_q) + window_right (window_right >= 0).
+// The visible interval of row i slides right by one key per row and is at least one key wide
+// before clipping, so the union over rows [i_first, i_last] is the single interval
+// [i_first + off - window_left, i_last + off + window_right] clipped to [0, seqlen_k).
+#pragma once
+
+#include <cstdint>
+
+#include "common/host_device.h"
+#include "common/mask.cuh"
+
+namespace flashattn {
+
+// Half-open range of key-block indices [begin, end); empty when end <= begin.
+struct BlockRange {
+  int begin = 0;
+  int end = 0;
+};
+
+// Key blocks of kBlockN keys holding at least one key visible to some query in [i_first, i_last].
+template <int kBlockN>
+FLASHATTN_HD inline BlockRange key_blocks(const Visibility& vis, int64_t i_first, int64_t i_last, int seqlen_k) {
+  const int64_t off = static_cast<int64_t>(vis.S_k) - vis.S_q;
+  int64_t lo = 0, hi = seqlen_k;
+  if (vis.window_left >= 0 && i_first + off - vis.window_left > lo) lo = i_first + off - vis.window_left;
+  if (vis.window_right >= 0 && i_last + off + vis.window_right + 1 < hi) hi = i_last + off + vis.window_right + 1;
+  if (hi <= lo) return BlockRange{0, 0};
+  return BlockRange{static_cast<int>(lo / kBlockN), static_cast<int>((hi + kBlockN - 1) / kBlockN)};
+}
+
+// Key blocks in which every key is visible to every query of [i_first, i_last]: they need no
+// per-element masking. A contiguous sub-range of key_blocks() (empty: begin = end = 0).
+template <int kBlockN>
+FLASHATTN_HD inline BlockRange full_key_blocks(const Visibility& vis, int64_t i_first, int64_t i_last,
+                                               int seqlen_k) {
+  const int64_t off = static_cast<int64_t>(vis.S_k) - vis.S_q;
+  // Block n is full iff n*kBlockN >= lo and (n+1)*kBlockN <= hi.
+  int64_t lo = 0, hi = seqlen_k;
+  if (vis.window_left >= 0 && i_last + off - vis.window_left > lo) lo = i_last + off - vis.window_left;
+  if (vis.window_right >= 0 && i_first + off + vis.window_right + 1 < hi) hi = i_first + off + vis.window_right + 1;
+  if (hi <= lo) return BlockRange{0, 0};
+  const int64_t begin = (lo + kBlockN - 1) / kBlockN, end = hi / kBlockN;
+  if (end <= begin) return BlockRange{0, 0};
+  return BlockRange{static_cast<int>(begin), static_cast<int>(end)};
+}
+
+}  // namespace flashattn
