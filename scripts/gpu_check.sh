@@ -55,24 +55,27 @@ if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
   for c in "${cases[@]}"; do
     IFS='|' read -r name gargs fargs <<<"$c"
     [ -f "$data/$name/Q.npy" ] || "$build/flashattn-gen" --out "$data/$name" $gargs --seed 1 --with-dO >/dev/null
-    kernels=${GPU_CHECK_KERNELS:-$("$PY" - "$build" <<'PYEOF'
+    dtype=$(sed -E 's/.*--dtype ([a-z0-9]+).*/\1/' <<<"$gargs")
+    # The GPU kernels that take this case's dtype (naming one that does not is an error).
+    kernels=${GPU_CHECK_KERNELS:-$("$PY" - "$build" "$dtype" <<'PYEOF'
 import json, subprocess, sys
 entries = json.loads(subprocess.run([sys.argv[1] + "/flashattn", "--list-json"], capture_output=True, text=True).stdout)
 names = []
 for e in sorted(entries, key=lambda e: e["rung"]):
-    if e["gpu"] and e["kernel"] not in names and e["mode"] in ("forward", "backward"):
+    if e["gpu"] and e["kernel"] not in names and e["mode"] in ("forward", "backward") and sys.argv[2] in e["dtypes"]:
         names.append(e["kernel"])
 print(",".join(names))
 PYEOF
 )}
     "$build/flashattn" --compute "$kernels" --mode both --data "$data/$name" $fargs --check --no-write \
-      --json "$out/$name.flashattn.json" --quiet >"$out/$name.flashattn.txt" 2>&1 || status=1
+      --json "$out/$name.flashattn.json" --quiet >"$out/$name.flashattn.txt" 2>&1 ||
+      { status=1; echo "flashattn failed on $name:"; tail -n 5 "$out/$name.flashattn.txt"; }
     if [ -f "$root/scripts/peers.py" ]; then
       "$PY" "$root/scripts/peers.py" "$data/$name" --mode both $fargs --json "$out/$name.peers.json" \
         >"$out/$name.peers.txt" 2>&1 || { status=1; tail -n 5 "$out/$name.peers.txt"; }
     fi
   done
   say "comparison (ratio = PyTorch SDPA time / kernel time; >1 means faster than that backend)"
-  "$PY" "$root/scripts/report.py" --table "$out"/*.json || status=1
+  "$PY" "$root/scripts/report.py" --table --baseline peers "$out"/*.json || status=1
 fi
 exit $status

@@ -5,6 +5,9 @@
                  [--scale X] [--layout bhsd|bshd] [--dtype fp32|fp16|bf16|fp64] [--torch]
                  [--max-rel-l2 X] [--quiet] [--json]
 
+A decode DATA_DIR (it holds K_cache) is checked by scripts/decode_reference.py: one decode step's
+O and lse, and the updated caches when the run wrote them.
+
 DATA_DIR holds Q, K, V and optionally dO, seqlens_k and mask (.npy, or .bin described by meta.json
 or by a directory name B{b}_H{h}_S{s}_D{d}; see data/README.md). OUT_DIR holds what the driver
 wrote: any of O, lse, dQ, dK, dV, plus timing.json (the run's dtype, layout and flags) and dO when
@@ -674,7 +677,13 @@ def main(argv=None):
 
     try:
         ops = make_ops(args.torch, args.quiet or args.json)
-        reports = [check_out_dir(args.data_dir, d, args, ops) for d in output_dirs(args.out_dir)]
+        if any(os.path.isfile(os.path.join(args.data_dir, "K_cache" + e)) for e in (".npy", ".bin")):
+            # A decode directory (data/README.md): the decode branch, sharing this module's helpers.
+            sys.modules.setdefault("reference", sys.modules[__name__])
+            import decode_reference
+            reports = [decode_reference.check_out_dir(args.data_dir, d, args) for d in output_dirs(args.out_dir)]
+        else:
+            reports = [check_out_dir(args.data_dir, d, args, ops) for d in output_dirs(args.out_dir)]
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INPUT

@@ -1,22 +1,29 @@
 #include "app.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
 #include <thread>
 
 #include "dataset.h"
+#include "decode_app.h"
 #include "flashattn/error.h"
 #include "flashattn/registry.h"
+#include "nonfinite.h"
 #include "npy.h"
 #include "random.h"
+#include "ceilings.h"
 #include "report.h"
 #include "run.h"
+#include "sweep.h"
 
 namespace flashattn {
 
@@ -44,7 +51,7 @@ std::vector<Mode> parse_modes(const std::string& m) {
   if (m == "forward") return {Mode::Forward};
   if (m == "backward") return {Mode::Backward};
   if (m == "both") return {Mode::Forward, Mode::Backward};
-  throw InputError("--mode: '" + m + "' is not one of forward, backward, both");
+  throw InputError("--mode: '" + m + "' is not one of forward, backward, both, decode");
 }
 
 void parse_window(const std::string& w, int* left, int* right) {
@@ -85,6 +92,62 @@ HostArray generate_dout(const std::vector<int64_t>& shape, DType dtype, uint64_t
   double* p = f64.data<double>();
   for (int64_t i = 0; i < f64.numel(); ++i) p[i] = rng.normal();
   return convert(f64, dtype);
+}
+
+// --json FILE is written last, after every kernel ran: check now that it can be.
+void check_json_target(const std::string& json) {
+  if (json.empty() || json == "-") return;
+  std::error_code ec;
+  if (fs::is_directory(json, ec)) throw InputError("--json: " + json + " is a directory");
+  const fs::path parent = fs::absolute(fs::path(json), ec).parent_path();
+  if (!fs::is_directory(parent, ec)) throw InputError("--json: " + json + ": " + parent.string() + " is not a directory");
+  if (::access(parent.c_str(), W_OK | X_OK) != 0)
+    throw InputError("--json: " + json + ": cannot write into " + parent.string() + " (" + std::strerror(errno) + ")");
+}
+
+// An output directory must not be the input directory and must be writable (or creatable).
+void check_output_dir(const std::string& dir, const std::string& out_option, const std::string& data) {
+  std::error_code ec1, ec2;
+  if (fs::weakly_canonical(dir, ec1) == fs::weakly_canonical(data, ec2))
+    throw InputError("--out: " + dir + " is the input directory; outputs go to a directory of their own");
+  try {
+    OutputWriter::check_writable(dir);
+  } catch (const InputError& e) {
+    if (!out_option.empty()) throw InputError(std::string("--out: ") + e.what());
+    throw InputError(std::string(e.what()) + "; choose another with --out DIR, or --no-write");
+  }
+}
+
+// NaN or Inf in an input makes every output row that reads it NaN, and --check then proves
+// nothing: refused unless --allow-nonfinite. (The loader already refuses NaN and +inf in masks.)
+void check_inputs_finite(const Dataset& ds, const std::vector<Mode>& modes, bool allow,
+                         std::vector<std::string>* notes) {
+  const bool backward = std::find(modes.begin(), modes.end(), Mode::Backward) != modes.end();
+  const std::string ext = ds.format == FileFormat::Npy ? ".npy" : ".bin";
+  std::vector<std::pair<std::string, const HostArray*>> arrays = {{"Q", &ds.q}, {"K", &ds.k}, {"V", &ds.v}};
+  if (backward && ds.dout) arrays.emplace_back("dO", &*ds.dout);
+  for (const auto& a : arrays) {
+    const NonFiniteCount c = scan_nonfinite(*a.second);
+    if (c.total() == 0) continue;
+    const std::string what = (fs::path(ds.dir) / (a.first + ext)).string() + ": " + describe_nonfinite(c, a.second->shape);
+    if (!allow) throw InputError(what + "; pass --allow-nonfinite to run anyway");
+    notes->push_back(what + "; running anyway (--allow-nonfinite)");
+  }
+}
+
+// Converting into a narrower compute dtype can overflow (fp32 70000 -> fp16 inf).
+void check_conversion_finite(const Dataset& ds, const std::string& name, const HostArray& stored,
+                             const HostArray& converted, bool allow, std::vector<std::string>* notes) {
+  if (stored.dtype == converted.dtype) return;
+  const NonFiniteCount before = scan_nonfinite(stored), after = scan_nonfinite(converted);
+  if (after.total() == before.total()) return;
+  const std::string ext = ds.format == FileFormat::Npy ? ".npy" : ".bin";
+  const int64_t n = after.total() - before.total();
+  std::string what = fmt::format("{}: {} {} {} when converted", (fs::path(ds.dir) / (name + ext)).string(), n,
+                                 n == 1 ? "value overflows" : "values overflow", dtype_name(converted.dtype));
+  if (before.total() == 0) what += " (first at " + index_str(stored.shape, after.first) + ")";
+  if (!allow) throw InputError(what + "; pass --allow-nonfinite to run anyway, or choose a wider --dtype");
+  notes->push_back(what + "; running anyway (--allow-nonfinite)");
 }
 
 // One planned run.
@@ -160,7 +223,26 @@ std::string list_kernels(bool as_json) {
   return out;
 }
 
+TimingOptions timing_options(const AppOptions& opt) {
+  if (opt.warmup < 0) throw InputError("--warmup: must be >= 0");
+  if (opt.repeat < 1) throw InputError("--repeat: must be >= 1");
+  if (!(opt.max_noise_pct >= 0 && opt.max_noise_pct < 100)) throw InputError("--max-noise: must be a percentage in [0, 100)");
+  if (!(opt.max_time_s > 0)) throw InputError("--max-time: must be a positive number of seconds");
+  TimingOptions t;
+  t.warmup = opt.warmup;
+  t.repeat = opt.repeat;
+  t.min_time_ms = opt.min_time_ms;
+  t.flush_l2 = !opt.no_flush;
+  t.max_noise = opt.max_noise_pct / 100.0;
+  t.max_time_s = opt.max_time_s;
+  return t;
+}
+
 int run_app(const AppOptions& opt) {
+  if (opt.mode == "decode") return run_decode(opt);
+  if (!opt.sweep.empty()) return run_sweep(opt);
+  if (opt.dry_run) throw InputError("--dry-run: only with --sweep");
+  if (opt.ceilings && opt.data.empty() && opt.compute.empty()) return run_ceilings(opt);
   Console con;
   con.quiet = opt.quiet;
   if (opt.json == "-") con.human = stderr;
@@ -176,6 +258,10 @@ int run_app(const AppOptions& opt) {
   if (opt.repeat < 1) throw InputError("--repeat: must be >= 1");
   if (opt.threads < 0) throw InputError("--threads: must be >= 0");
   if (opt.scale && !(std::isfinite(*opt.scale) && *opt.scale > 0)) throw InputError("--scale: must be a positive finite number");
+  if (!(opt.min_time_ms >= 0)) throw InputError("--min-time: must be >= 0");
+  if (opt.device < 0) throw InputError("--device: must be >= 0");
+  if (opt.no_write && !opt.out.empty()) throw InputError("--out: conflicts with --no-write (which writes no outputs)");
+  check_json_target(opt.json);
 
   const bool all = opt.compute.size() == 1 && opt.compute[0] == "all";
   std::vector<std::string> kernels;
@@ -190,6 +276,8 @@ int run_app(const AppOptions& opt) {
       if (std::find(kernels.begin(), kernels.end(), k) == kernels.end()) kernels.push_back(k);
     }
   }
+  if (!opt.baseline.empty() && std::find(kernels.begin(), kernels.end(), opt.baseline) == kernels.end())
+    throw InputError("--baseline: '" + opt.baseline + "' is not one of the kernels run (--compute)");
 
   // ---- data -----------------------------------------------------------------------------------
   LoadOptions lo;
@@ -199,12 +287,17 @@ int run_app(const AppOptions& opt) {
     else throw InputError("--layout: '" + opt.layout + "' is not bhsd or bshd");
   }
   Dataset ds = load_dataset(opt.data, lo);
-  for (const std::string& n : ds.notices) con.note(n);
-  if (!opt.no_write && !opt.out.empty()) {
-    std::error_code ec1, ec2;
-    if (fs::weakly_canonical(opt.out, ec1) == fs::weakly_canonical(opt.data, ec2))
-      throw InputError("--out: " + opt.out + " is the input directory; outputs go to a directory of their own");
+  // Notes are printed once every check has passed, so a refused run prints its one error line only.
+  std::vector<std::string> notes = ds.notices;
+  // Where each kernel's outputs go; checked now so a bad directory fails before any kernel runs.
+  auto out_dir_for = [&](const std::string& k) {
+    if (opt.out.empty()) return (fs::path(opt.data) / "out" / k).string();
+    return kernels.size() == 1 ? opt.out : (fs::path(opt.out) / k).string();
+  };
+  if (!opt.no_write) {
+    for (const std::string& k : kernels) check_output_dir(out_dir_for(k), opt.out, opt.data);
   }
+  check_inputs_finite(ds, modes, opt.allow_nonfinite, &notes);
 
   // Compute dtype: --dtype, else the input's; fp64 inputs go to fp32 unless every kernel takes fp64.
   DType dtype = ds.dtype;
@@ -219,8 +312,8 @@ int run_app(const AppOptions& opt) {
     if (!all_f64) dtype = DType::F32;
   }
   if (dtype != ds.dtype)
-    con.note(fmt::format("inputs are {}; computing in {} (converted once, round to nearest)", dtype_name(ds.dtype),
-                         dtype_name(dtype)));
+    notes.push_back(fmt::format("inputs are {}; computing in {} (converted once, round to nearest)",
+                                dtype_name(ds.dtype), dtype_name(dtype)));
 
   Problem prob;
   prob.dims = ds.dims;
@@ -263,15 +356,15 @@ int run_app(const AppOptions& opt) {
       }
       Planned p;
       p.entry = e;
-      if (e->gpu && device < 0) {
+      // Without a GPU, judge the problem as if the GPU were new enough: an unsupported dtype, head
+      // dim or feature is the real error there, and no GPU would fix it.
+      std::string why = why_unsupported(*e, prob, device >= 0 ? sm : std::max(e->min_sm, 1));
+      if (why.empty() && e->gpu && device < 0) {
         if (!all) throw InputError(fmt::format("kernel '{}' needs a GPU: {} (the cpu kernel still runs: --compute cpu)", k, no_device));
         p.skip_reason = "no GPU: " + no_device;
-      } else {
-        std::string why = why_unsupported(*e, prob, sm);
-        if (!why.empty()) {
-          if (!all) throw InputError(why);
-          p.skip_reason = why;
-        }
+      } else if (!why.empty()) {
+        if (!all) throw InputError(why);
+        p.skip_reason = why;
       }
       if (all && p.skip_reason.empty() && !e->gpu && forward_flops(prob, nullptr) > kCpuAllFlopLimit)
         p.skip_reason = "skipped by 'all' at this size (name it explicitly to run the cpu kernel)";
@@ -286,29 +379,32 @@ int run_app(const AppOptions& opt) {
   in.q = convert(ds.q, dtype);
   in.k = convert(ds.k, dtype);
   in.v = convert(ds.v, dtype);
+  check_conversion_finite(ds, "Q", ds.q, in.q, opt.allow_nonfinite, &notes);
+  check_conversion_finite(ds, "K", ds.k, in.k, opt.allow_nonfinite, &notes);
+  check_conversion_finite(ds, "V", ds.v, in.v, opt.allow_nonfinite, &notes);
   bool generated_dout = false;
   if (ds.dout) {
     in.dout = convert(*ds.dout, dtype);
+    if (needs_backward) check_conversion_finite(ds, "dO", *ds.dout, *in.dout, opt.allow_nonfinite, &notes);
   } else if (needs_backward) {
     in.dout = generate_dout(ds.q.shape, dtype, opt.seed);
     generated_dout = true;
-    con.note(fmt::format("no dO in {}: generated N(0,1) from --seed {} (written to the output directory)", opt.data, opt.seed));
+    notes.push_back(
+        fmt::format("no dO in {}: generated N(0,1) from --seed {} (written to the output directory)", opt.data, opt.seed));
   }
   in.seqlens_k = ds.seqlens_k;
   in.mask = ds.mask;
 
   SessionOptions so;
   so.device = device;
-  so.timing.warmup = opt.warmup;
-  so.timing.repeat = opt.repeat;
-  so.timing.min_time_ms = opt.min_time_ms;
-  so.timing.flush_l2 = !opt.no_flush;
+  so.timing = timing_options(opt);
   so.cpu_timing.warmup = std::min(opt.warmup, 1);
   so.cpu_timing.repeat = std::min(opt.repeat, 3);
   so.check = opt.check;
   so.deterministic = opt.deterministic;
   so.cpu_threads = opt.threads;
   so.seed = opt.seed;
+  for (const std::string& n : notes) con.note(n);
   Session session(std::move(in), so);
 
   ReportHeader hdr;
@@ -326,10 +422,15 @@ int run_app(const AppOptions& opt) {
   hdr.timing = so.timing;
   hdr.cpu_threads = opt.threads;
   if (hdr.device) hdr.sm_clock_start_mhz = nvml_sm_clock_mhz(*hdr.device);
-  if (hdr.device && !opt.quiet) {
-    const int others = nvml_other_processes(*hdr.device);
-    if (others > 0) con.note(fmt::format("{} other process(es) are using GPU {}: timings may be disturbed", others, device));
+  if (hdr.device) {
+    hdr.other_processes = nvml_other_processes(*hdr.device);
+    if (hdr.other_processes > 0) {
+      hdr.warnings.push_back(fmt::format("{} other process(es) are using GPU {}: timings may be disturbed",
+                                         hdr.other_processes, device));
+      con.note(hdr.warnings.back());
+    }
   }
+  if (opt.ceilings && hdr.device) hdr.ceilings = ceilings_json(measure_ceilings(device, so.timing));
 
   const Dims& d = prob.dims;
   if (!opt.quiet) {
@@ -386,9 +487,7 @@ int run_app(const AppOptions& opt) {
     for (const RunRecord& r : records)
       if (r.status == "ok" && std::find(ran.begin(), ran.end(), r.kernel) == ran.end()) ran.push_back(r.kernel);
     for (const std::string& k : ran) {
-      std::string dir;
-      if (opt.out.empty()) dir = (fs::path(opt.data) / "out" / k).string();
-      else dir = kernels.size() == 1 ? opt.out : (fs::path(opt.out) / k).string();
+      const std::string dir = out_dir_for(k);
       OutputWriter w(dir, ds.format, ds.layout, ds.input_paths);
       std::vector<RunRecord> mine;
       for (const RunRecord& r : records) {
@@ -403,9 +502,8 @@ int run_app(const AppOptions& opt) {
         if (o.dv) w.add("dV", *o.dv);
       }
       if (generated_dout) w.add("dO", *session.inputs().dout);
-      w.finish();
-      const std::string text = session_json(hdr, mine).dump(2) + "\n";
-      write_file_atomic((fs::path(dir) / "timing.json").string(), text.data(), text.size());
+      w.add_file("timing.json", session_json(hdr, mine).dump(2) + "\n");
+      w.finish();  // all of the kernel's files appear together, or none (disk full, an error)
       if (!opt.quiet) con.note("wrote " + dir);
     }
   }

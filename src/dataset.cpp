@@ -1,13 +1,21 @@
 // Loading a data directory and writing an output directory; the contract is data/README.md.
-// The loader only reads: it never creates, renames or removes anything.
+// The loader only reads: it never creates, renames or removes anything. The writer creates and
+// renames only inside the output directory.
 #include "dataset.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "flashattn/error.h"
+#include "meta.h"
 #include "npy.h"
 
 namespace flashattn {
@@ -23,195 +31,13 @@ const char* ext_of(FileFormat f) { return f == FileFormat::Npy ? ".npy" : ".bin"
 
 std::string join(const std::string& dir, const std::string& file) { return (fs::path(dir) / file).string(); }
 
-bool parse_layout_name(const std::string& s, Layout* out) {
-  if (s == "bhsd") *out = Layout::BHSD;
-  else if (s == "bshd") *out = Layout::BSHD;
-  else return false;
-  return true;
-}
-
-bool json_int(const json& v, int64_t* out) {
-  if (v.is_number_unsigned()) {
-    const uint64_t u = v.get<uint64_t>();
-    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
-    *out = static_cast<int64_t>(u);
-    return true;
-  }
-  if (v.is_number_integer()) {
-    *out = v.get<int64_t>();
-    return true;
-  }
-  return false;
-}
-
-// Logical [B, H, S, D] in the file order of `layout`.
-std::vector<int64_t> layout_shape(Layout layout, int64_t B, int64_t H, int64_t S, int64_t D) {
-  if (layout == Layout::BSHD) return {B, S, H, D};
-  return {B, H, S, D};
-}
-
-// Where the shapes and dtypes of .bin files come from.
-class BinShapes {
- public:
-  BinShapes(const std::string& dir, const json* meta, Layout layout) : dir_(dir), meta_(meta), layout_(layout) {
-    meta_path_ = join(dir, "meta.json");
-    if (!meta_) parse_dirname();
-  }
-
-  bool from_meta() const { return meta_ != nullptr; }
-
-  // dtype and shape of NAME.bin: the meta.json "files" entry, else the defaults from the sizes.
-  std::pair<DType, std::vector<int64_t>> spec(const std::string& name) const {
-    std::optional<DType> dtype;
-    std::optional<std::vector<int64_t>> shape;
-    if (meta_ && meta_->contains("files")) {
-      const json& files = (*meta_)["files"];
-      if (!files.is_object()) fail("field 'files' must be an object");
-      if (files.contains(name)) read_entry(name, files[name], &dtype, &shape);
-    }
-    if (!dtype) dtype = name == "seqlens_k" ? DType::I32 : name == "mask" ? DType::F32 : top_dtype();
-    if (!shape) {
-      const std::string need = "the shape of " + name + ".bin";
-      if (name == "Q" || name == "dO") {
-        shape = layout_shape(layout_, dim("B", need), dim("H", need), seq("S_q", need), dim("D", need));
-      } else if (name == "K" || name == "V") {
-        shape = layout_shape(layout_, dim("B", need), dim("H_kv", need), seq("S_k", need), dim("D", need));
-      } else if (name == "seqlens_k") {
-        shape = std::vector<int64_t>{dim("B", need)};
-      } else {
-        shape = std::vector<int64_t>{dim("B", need), dim("H", need), seq("S_q", need), seq("S_k", need)};
-      }
-    }
-    return {*dtype, *shape};
-  }
-
- private:
-  [[noreturn]] void fail(const std::string& what) const { throw InputError(meta_path_ + ": " + what); }
-
-  void parse_dirname() {
-    fs::path p = fs::absolute(fs::path(dir_)).lexically_normal();
-    if (!p.has_filename()) p = p.parent_path();
-    if (!parse_dims_name(p.filename().string(), dirname_dims_)) {
-      throw InputError(dir_ + ": .bin inputs need meta.json or a directory named B{b}_H{h}_S{s}_D{d}");
-    }
-    if (layout_ != Layout::BHSD) {
-      throw InputError(dir_ + ": a directory named B{b}_H{h}_S{s}_D{d} holds bhsd data; bshd needs a meta.json");
-    }
-  }
-
-  // Exactly B{b}_H{h}_S{s}_D{d} with positive decimal sizes and no leading zeros.
-  static bool parse_dims_name(const std::string& name, int64_t out[4]) {
-    const char tags[4] = {'B', 'H', 'S', 'D'};
-    size_t pos = 0;
-    for (int k = 0; k < 4; ++k) {
-      if (k > 0 && (pos >= name.size() || name[pos++] != '_')) return false;
-      if (pos >= name.size() || name[pos++] != tags[k]) return false;
-      const size_t start = pos;
-      while (pos < name.size() && pos - start < 10 && name[pos] >= '0' && name[pos] <= '9') ++pos;
-      if (pos == start || name[start] == '0' || pos - start > 9) return false;
-      out[k] = std::stoll(name.substr(start, pos - start));
-    }
-    return pos == name.size();
-  }
-
-  DType top_dtype() const {
-    if (!meta_ || !meta_->contains("dtype")) return DType::F32;
-    const json& v = (*meta_)["dtype"];
-    DType t;
-    if (!v.is_string() || !parse_dtype(v.get<std::string>(), &t) || !dtype_is_float(t)) {
-      fail("field 'dtype' must be one of \"fp32\", \"fp16\", \"bf16\", \"fp64\"");
-    }
-    return t;
-  }
-
-  int64_t dim(const std::string& field, const std::string& need) const {
-    if (!meta_) {
-      if (field == "B") return dirname_dims_[0];
-      if (field == "H" || field == "H_kv") return dirname_dims_[1];
-      return dirname_dims_[3];  // D
-    }
-    if (field == "H_kv" && !meta_->contains("H_kv")) return dim("H", need);
-    if (!meta_->contains(field)) fail("missing field '" + field + "', needed for " + need);
-    int64_t v = 0;
-    if (!json_int((*meta_)[field], &v) || v < 1) fail("field '" + field + "' must be a positive integer");
-    return v;
-  }
-
-  // S_q / S_k, falling back to S.
-  int64_t seq(const std::string& field, const std::string& need) const {
-    if (!meta_) return dirname_dims_[2];
-    if (!meta_->contains(field) && meta_->contains("S")) return dim("S", need);
-    if (!meta_->contains(field)) fail("missing field '" + field + "' (or 'S'), needed for " + need);
-    return dim(field, need);
-  }
-
-  void read_entry(const std::string& name, const json& e, std::optional<DType>* dtype,
-                  std::optional<std::vector<int64_t>>* shape) const {
-    const std::string field = "files." + name;
-    if (!e.is_object()) fail("field '" + field + "' must be an object with \"dtype\" and \"shape\"");
-    if (e.contains("dtype")) {
-      DType t;
-      if (!e["dtype"].is_string() || !parse_dtype(e["dtype"].get<std::string>(), &t)) {
-        fail("field '" + field + ".dtype' must be a dtype name (fp32, fp16, bf16, fp64, int32, int64)");
-      }
-      *dtype = t;
-    }
-    if (e.contains("shape")) {
-      const json& s = e["shape"];
-      if (!s.is_array()) fail("field '" + field + ".shape' must be a list of non-negative integers");
-      std::vector<int64_t> dims;
-      for (const json& d : s) {
-        int64_t v = 0;
-        if (!json_int(d, &v) || v < 0) fail("field '" + field + ".shape' must be a list of non-negative integers");
-        dims.push_back(v);
-      }
-      *shape = dims;
-    }
-  }
-
-  std::string dir_;
-  std::string meta_path_;
-  const json* meta_;
-  Layout layout_;
-  int64_t dirname_dims_[4] = {0, 0, 0, 0};  // B, H, S, D
-};
-
 std::optional<json> read_meta(const std::string& dir, Dataset* ds) {
   const std::string path = join(dir, "meta.json");
   std::error_code ec;
   if (!fs::exists(path, ec)) return std::nullopt;
   const std::vector<uint8_t> bytes = read_file(path);
   ds->input_paths.push_back(path);
-  json j;
-  try {
-    j = json::parse(bytes.begin(), bytes.end());
-  } catch (const json::exception& e) {
-    std::string why = e.what();
-    for (char& c : why) c = c == '\n' ? ' ' : c;
-    throw InputError(path + ": invalid JSON (" + why + ")");
-  }
-  if (!j.is_object()) throw InputError(path + ": expected a JSON object");
-  if (j.contains("format_version")) {
-    int64_t v = 0;
-    if (!json_int(j["format_version"], &v) || v != 1) {
-      throw InputError(path + ": field 'format_version' must be 1 (the only version this build reads)");
-    }
-  }
-  return j;
-}
-
-Layout resolve_layout(const std::string& dir, const std::optional<json>& meta, const LoadOptions& opt) {
-  if (!meta || !meta->contains("layout")) return opt.layout.value_or(Layout::BHSD);
-  const std::string path = join(dir, "meta.json");
-  const json& v = (*meta)["layout"];
-  Layout l;
-  if (!v.is_string() || !parse_layout_name(v.get<std::string>(), &l)) {
-    throw InputError(path + ": field 'layout' must be \"bhsd\" or \"bshd\"");
-  }
-  if (opt.layout && *opt.layout != l) {
-    throw InputError(path + ": layout '" + layout_name(l) + "' conflicts with --layout " + layout_name(*opt.layout));
-  }
-  return l;
+  return parse_meta_json(bytes.data(), bytes.size(), path);
 }
 
 std::string dims_template(const std::string& name, Layout layout) {
@@ -247,7 +73,7 @@ Dataset load_dataset(const std::string& dir, const LoadOptions& opt) {
   }
   ds.format = fq;
   const std::optional<json> meta = read_meta(dir, &ds);
-  ds.layout = resolve_layout(dir, meta, opt);
+  ds.layout = meta_layout(meta ? &*meta : nullptr, opt.layout, join(dir, "meta.json"));
 
   // Built on first use: an npy directory never needs .bin shapes (unless an optional file is .bin).
   std::optional<BinShapes> bin_shapes;
@@ -445,23 +271,82 @@ void check_target(const std::string& path, const std::vector<std::string>& prote
   }
 }
 
-void ensure_dir(const std::string& dir) {
+// Where a file is staged until finish(): the same directory, so the rename cannot cross devices.
+std::string staged_path(const std::string& path) {
+  return path + ".staged.tmp." + std::to_string(static_cast<long>(::getpid()));
+}
+
+}  // namespace
+
+OutputWriter::~OutputWriter() {
   std::error_code ec;
-  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
-    throw InputError(dir + ": exists and is not a directory");
+  for (const auto& s : staged_) fs::remove(s.first, ec);
+  // Only removes directories that are still empty (fs::remove refuses the others).
+  if (!staged_.empty()) {
+    for (const std::string& d : created_dirs_) fs::remove(d, ec);
   }
-  fs::create_directories(dir, ec);
-  if (ec) throw RuntimeError(dir + ": cannot create directory (" + ec.message() + ")");
+}
+
+void OutputWriter::check_writable(const std::string& dir) {
+  std::error_code ec;
+  fs::path p = fs::absolute(fs::path(dir), ec).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();
+  // The first ancestor that exists must be a directory we may create entries in.
+  fs::file_status st = fs::status(p, ec);
+  while (!fs::exists(st) && p.has_relative_path()) {
+    p = p.parent_path();
+    st = fs::status(p, ec);
+  }
+  if (!fs::is_directory(st)) throw InputError(dir + ": cannot write outputs here (" + p.string() + " is not a directory)");
+  if (::access(p.c_str(), W_OK | X_OK) != 0) {
+    throw InputError(dir + ": cannot write outputs here (" + p.string() + ": " + std::strerror(errno) + ")");
+  }
+}
+
+void OutputWriter::ensure_dir() {
+  std::error_code ec;
+  if (fs::is_directory(dir_, ec)) return;
+  if (fs::exists(dir_, ec)) throw InputError(dir_ + ": exists and is not a directory");
+  std::vector<std::string> missing;
+  fs::path p = fs::absolute(fs::path(dir_), ec).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();
+  for (; p.has_relative_path() && !fs::exists(p, ec); p = p.parent_path()) missing.push_back(p.string());
+  fs::create_directories(dir_, ec);
+  if (ec) throw RuntimeError(dir_ + ": cannot create directory (" + ec.message() + ")");
+  created_dirs_.insert(created_dirs_.end(), missing.begin(), missing.end());
+}
+
+std::string OutputWriter::stage(const std::string& path) {
+  check_target(path, protect_);
+  ensure_dir();
+  const std::string tmp = staged_path(path);
+  const bool known = std::any_of(staged_.begin(), staged_.end(), [&](const auto& s) { return s.second == path; });
+  if (!known) staged_.emplace_back(tmp, path);
+  return tmp;
+}
+
+namespace {
+
+// Runs `write` on the staged path; a failure is reported under the output's final name.
+template <class Write>
+void write_staged(const std::string& tmp, const std::string& path, Write write) {
+  try {
+    write(tmp);
+  } catch (const RuntimeError& e) {
+    std::string what = e.what();
+    if (what.compare(0, tmp.size(), tmp) == 0) what = path + what.substr(tmp.size());
+    throw RuntimeError(what);
+  }
 }
 
 }  // namespace
 
 void OutputWriter::add(const std::string& name, const HostArray& a) {
   const std::string path = join(dir_, name + ext_of(format_));
-  check_target(path, protect_);
-  ensure_dir(dir_);
-  if (format_ == FileFormat::Npy) write_npy(path, a);
-  else write_raw(path, a);
+  write_staged(stage(path), path, [&](const std::string& tmp) {
+    if (format_ == FileFormat::Npy) write_npy(tmp, a);
+    else write_raw(tmp, a);
+  });
   HostArray shape_only;  // dtype and shape, no data: the meta.json entry
   shape_only.dtype = a.dtype;
   shape_only.shape = a.shape;
@@ -474,18 +359,28 @@ void OutputWriter::add(const std::string& name, const HostArray& a) {
   written_meta_.emplace_back(name, std::move(shape_only));
 }
 
+void OutputWriter::add_file(const std::string& file_name, const std::string& bytes) {
+  const std::string path = join(dir_, file_name);
+  write_staged(stage(path), path,
+               [&](const std::string& tmp) { write_file_atomic(tmp, bytes.data(), bytes.size()); });
+}
+
 void OutputWriter::finish() {
-  if (format_ != FileFormat::Bin) return;
-  const std::string path = join(dir_, "meta.json");
-  check_target(path, protect_);
-  ensure_dir(dir_);
-  json files = json::object();
-  for (const auto& entry : written_meta_) {
-    files[entry.first] = {{"dtype", dtype_name(entry.second.dtype)}, {"shape", entry.second.shape}};
+  if (format_ == FileFormat::Bin) {
+    json files = json::object();
+    for (const auto& entry : written_meta_) {
+      files[entry.first] = {{"dtype", dtype_name(entry.second.dtype)}, {"shape", entry.second.shape}};
+    }
+    const json meta = {{"format_version", 1}, {"layout", layout_name(layout_)}, {"files", files}};
+    add_file("meta.json", meta.dump(2) + "\n");
   }
-  const json meta = {{"format_version", 1}, {"layout", layout_name(layout_)}, {"files", files}};
-  const std::string text = meta.dump(2) + "\n";
-  write_file_atomic(path, text.data(), text.size());
+  while (!staged_.empty()) {
+    const auto& s = staged_.front();
+    if (std::rename(s.first.c_str(), s.second.c_str()) != 0) {
+      throw RuntimeError(s.second + ": cannot replace file (" + std::strerror(errno) + ")");
+    }
+    staged_.erase(staged_.begin());
+  }
 }
 
 }  // namespace flashattn

@@ -45,22 +45,42 @@ Dataset load_dataset(const std::string& dir, const LoadOptions& opt);
 MaskView mask_view(const std::vector<int64_t>& mask_shape, const Dims& dims, const float* ptr,
                    const std::string& origin);
 
-// Writes outputs NAME.npy or NAME.bin (+ meta.json describing them for bin), each atomically.
+// Writes outputs NAME.npy or NAME.bin (+ meta.json describing them for bin) as one set: each file
+// is written completely under a temporary name in the directory, and finish() renames them all
+// into place. A writer destroyed before finish() (an error, a full disk) removes what it staged
+// and the directories it created, so a failed run leaves no partial or new output behind.
 // Creates the directory (and parents). Refuses (InputError) to write over any path in `protect`.
 class OutputWriter {
  public:
   OutputWriter(std::string dir, FileFormat format, Layout layout, std::vector<std::string> protect);
+  ~OutputWriter();
+  OutputWriter(const OutputWriter&) = delete;
+  OutputWriter& operator=(const OutputWriter&) = delete;
   void add(const std::string& name, const HostArray& a);
-  // For bin: writes meta.json listing every file added (dtype, shape) and the layout.
+  // Any other file of the set (e.g. timing.json), by its full name.
+  void add_file(const std::string& file_name, const std::string& bytes);
+  // For bin: writes meta.json listing every file added (dtype, shape) and the layout. Then renames
+  // every staged file into place. RuntimeError naming the file on failure.
   void finish();
   const std::string& dir() const { return dir_; }
 
+  // Checks, creating nothing, that `dir` is a writable directory or can be created as one:
+  // InputError "DIR: cannot write outputs here (...)" otherwise. Run before any kernel, so a bad
+  // output directory is reported before minutes of work.
+  static void check_writable(const std::string& dir);
+
  private:
+  void ensure_dir();
+  // Registers `path` for finish() and returns the temporary path to write it to.
+  std::string stage(const std::string& path);
+
   std::string dir_;
   FileFormat format_;
   Layout layout_;
   std::vector<std::string> protect_;
   std::vector<std::pair<std::string, HostArray>> written_meta_;  // name -> (dtype, shape only)
+  std::vector<std::pair<std::string, std::string>> staged_;     // (temporary path, final path)
+  std::vector<std::string> created_dirs_;                        // deepest first
 };
 
 }  // namespace flashattn

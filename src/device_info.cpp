@@ -106,6 +106,7 @@ struct Nvml {
   int (*by_bus_id)(const char*, nvmlDevice*) = nullptr;
   int (*clock_info)(nvmlDevice, int, unsigned int*) = nullptr;
   int (*compute_procs)(nvmlDevice, unsigned int*, NvmlProcessInfo*) = nullptr;
+  int (*clock_reasons)(nvmlDevice, unsigned long long*) = nullptr;
 
   Nvml() {
     lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -118,6 +119,10 @@ struct Nvml {
     clock_info = reinterpret_cast<int (*)(nvmlDevice, int, unsigned int*)>(dlsym(lib, "nvmlDeviceGetClockInfo"));
     compute_procs = reinterpret_cast<int (*)(nvmlDevice, unsigned int*, NvmlProcessInfo*)>(
         dlsym(lib, "nvmlDeviceGetComputeRunningProcesses_v3"));
+    // Renamed in recent drivers ("clocks event reasons"); same signature and bits.
+    void* reasons = dlsym(lib, "nvmlDeviceGetCurrentClocksEventReasons");
+    if (!reasons) reasons = dlsym(lib, "nvmlDeviceGetCurrentClocksThrottleReasons");
+    clock_reasons = reinterpret_cast<int (*)(nvmlDevice, unsigned long long*)>(reasons);
     if (!init || !by_bus_id || !clock_info) {
       status = "libnvidia-ml.so.1 lacks the functions used";
       return;
@@ -139,9 +144,37 @@ Nvml& nvml() {
   return n;
 }
 
+// NVML clocks-event reason bits that mean the SM clock was pulled down by a limit.
+struct SlowdownBit {
+  unsigned long long bit;
+  const char* name;
+};
+constexpr SlowdownBit kSlowdownBits[] = {
+    {0x4ull, "sw_power_cap"},         {0x8ull, "hw_slowdown"},
+    {0x20ull, "sw_thermal_slowdown"}, {0x40ull, "hw_thermal_slowdown"},
+    {0x80ull, "hw_power_brake"},
+};
+
 }  // namespace
 
 std::string nvml_status() { return nvml().status; }
+
+unsigned long long nvml_slowdown_reasons(const DeviceInfo& info) {
+  nvmlDevice dev = nullptr;
+  if (!nvml().clock_reasons || !nvml().handle(info, &dev)) return 0;
+  unsigned long long r = 0;
+  if (nvml().clock_reasons(dev, &r) != kNvmlSuccess) return 0;
+  unsigned long long mask = 0;
+  for (const SlowdownBit& b : kSlowdownBits) mask |= b.bit;
+  return r & mask;
+}
+
+std::vector<std::string> slowdown_reason_names(unsigned long long mask) {
+  std::vector<std::string> names;
+  for (const SlowdownBit& b : kSlowdownBits)
+    if (mask & b.bit) names.push_back(b.name);
+  return names;
+}
 
 int nvml_sm_clock_mhz(const DeviceInfo& info) {
   nvmlDevice dev = nullptr;

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace flashattn {
 
@@ -40,6 +41,12 @@ double peak_tflops_for(const DeviceInfo& info, const std::string& dtype);
 // NVML readings; each returns -1 when NVML or the reading is unavailable.
 int nvml_sm_clock_mhz(const DeviceInfo& info);
 int nvml_other_processes(const DeviceInfo& info);  // compute processes on the GPU, excluding us
+// Reasons the GPU is running below its clock target right now, limited to actual slowdowns
+// (power cap, thermal, hardware slowdown, power brake; not idle or application-clock settings):
+// an NVML bitmask, 0 when none or when NVML cannot say.
+unsigned long long nvml_slowdown_reasons(const DeviceInfo& info);
+// Names of the bits of such a mask, e.g. "sw_power_cap", "hw_thermal_slowdown".
+std::vector<std::string> slowdown_reason_names(unsigned long long mask);
 // Why NVML is unavailable ("" when it loaded).
 std::string nvml_status();
 

@@ -19,6 +19,11 @@ Examples:
   flashattn --compute cpu,naive,cublas --mode both --data data/B2_H8_S512_D64 --check
   flashattn --compute all --mode forward --data DIR --causal --dtype bf16 --json results.json
   flashattn --compute cublas --data DIR --window 128,0 --repeat 50 --no-write --json -
+  flashattn --compute cublas --sweep fa-grid --json results.jsonl
+  flashattn --ceilings --json ceilings.json
+  flashattn-gen --decode --out data/dec --B 16 --H 32 --H-kv 8 --D 128 --S-max 8192 --cache-seqlens 8191 --dtype bf16
+  flashattn --mode decode --compute naive,mma --data data/dec --check --write-cache
+  flashattn --mode decode --compute mma --data data/dec --steps 64 --prompt-len 4096
 
 Exit codes: 0 ok, 1 runtime failure, 2 usage or input error, 3 validation (--check) failed.
 )";
@@ -29,7 +34,7 @@ int main(int argc, char** argv) {
   flashattn::AppOptions opt;
   for (int i = 0; i < argc; ++i) opt.command_line += (i ? " " : "") + std::string(argv[i]);
 
-  CLI::App app{"flashattn: run, check and benchmark attention kernels (forward and backward)"};
+  CLI::App app{"flashattn: run, check and benchmark attention kernels (forward, backward and decode)"};
   app.footer(kExamples);
   app.set_version_flag("--version", std::string("flashattn ") + flashattn::kVersion + " (" + flashattn::kGitSha +
                                         ", " + flashattn::kBuildType + ", CUDA archs " + flashattn::kCudaArchs + ")");
@@ -37,7 +42,7 @@ int main(int argc, char** argv) {
   app.add_flag("--list", list, "Print the support matrix (kernel x mode x dtype x head dims x features) and exit");
   app.add_flag("--list-json", list_json, "Print the support matrix as JSON and exit");
   app.add_option("--compute,-c", opt.compute, "Kernels to run: NAME[,NAME...] or all")->delimiter(',');
-  app.add_option("--mode,-m", opt.mode, "forward | backward | both")->capture_default_str();
+  app.add_option("--mode,-m", opt.mode, "forward | backward | both | decode (a decode data directory)")->capture_default_str();
   app.add_option("--data,-d", opt.data, "Input directory (Q, K, V [, dO, seqlens_k, mask] as .npy or .bin)");
   app.add_option("--out,-o", opt.out, "Output directory (default DATA/out/<kernel>; with several kernels OUT/<kernel>)");
   app.add_flag("--causal", opt.causal, "Causal mask, bottom-right aligned: query i sees keys j <= i + S_k - S_q");
@@ -46,9 +51,17 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", opt.dtype, "Compute dtype fp32 | fp16 | bf16 (| fp64 for cpu); default: the input's");
   app.add_option("--layout", opt.layout, "Layout of the files: bhsd | bshd (default: meta.json's, else bhsd)");
   app.add_option("--warmup", opt.warmup, "Untimed repetitions before timing")->capture_default_str();
-  app.add_option("--repeat", opt.repeat, "Timed repetitions (at least)")->capture_default_str();
+  app.add_option("--repeat,--min-samples", opt.repeat, "Timed repetitions (at least)")->capture_default_str();
   app.add_option("--min-time", opt.min_time_ms, "Keep repeating until this many ms were timed")->capture_default_str();
-  app.add_flag("--no-flush", opt.no_flush, "Do not flush the L2 cache between repetitions (hot timing)");
+  app.add_option("--max-noise", opt.max_noise_pct,
+                 "Then repeat until the relative stddev is at most PCT percent (0: no noise rule)")
+      ->capture_default_str();
+  app.add_option("--max-time", opt.max_time_s, "...or until SEC seconds were spent in the timed loop")
+      ->capture_default_str();
+  app.add_flag("--no-flush,--hot", opt.no_flush, "Do not flush the L2 cache between repetitions (hot timing)");
+  app.add_option("--sweep", opt.sweep, "Run a grid of generated problems: fa-grid, or a preset FILE.json");
+  app.add_flag("--dry-run", opt.dry_run, "With --sweep: print the grid's points (preset-file JSON) and exit");
+  app.add_flag("--ceilings", opt.ceilings, "Measure bf16/fp32 cuBLAS GEMM TFLOP/s and copy GB/s (in the JSON)");
   app.add_flag("--check", opt.check, "Validate every output against the fp64 cpu reference");
   app.add_option("--json", opt.json, "Write the session JSON to FILE, or - for stdout");
   app.add_flag("--no-write", opt.no_write, "Benchmark only: write no output files");
@@ -56,11 +69,22 @@ int main(int argc, char** argv) {
   app.add_option("--device", opt.device, "CUDA device index")->capture_default_str();
   app.add_option("--threads", opt.threads, "Threads for the cpu kernel and the reference (0 = all)")->capture_default_str();
   app.add_flag("--deterministic", opt.deterministic, "Use a kernel's deterministic path where it has one");
+  app.add_flag("--allow-nonfinite", opt.allow_nonfinite,
+               "Run even when Q, K, V or dO hold NaN or Inf (by default an input error, exit 2)");
   app.add_option("--baseline", opt.baseline, "Kernel the speedup column is relative to (default cublas, else the first GPU kernel)");
   app.add_flag("--quiet,-q", opt.quiet, "Print only the table and errors");
+  app.add_option("--splits", opt.splits, "Decode: split-K pieces per (batch, kv head) (0: the kernel chooses)")
+      ->capture_default_str();
+  app.add_flag("--write-cache", opt.write_cache, "Decode: also write the updated K_cache and V_cache");
+  app.add_option("--steps", opt.steps, "Decode: prefill, then N decode steps; reports TTFT and TBT (mean, p50, p99)")
+      ->capture_default_str();
+  app.add_option("--prompt-len", opt.prompt_len, "Decode with --steps: prompt tokens per batch element (0: cache_seqlens)")
+      ->capture_default_str();
 
   try {
     app.parse(argc, argv);
+    // Sweeps take their modes from the grid unless --mode is given.
+    if (!opt.sweep.empty() && app.count("--mode") == 0) opt.mode.clear();
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForVersion& e) {

@@ -26,6 +26,24 @@ constexpr int kMaxDepth = 8;    // dict > tuple/list > ...: real headers need 3
 constexpr size_t kMaxRank = 64;  // numpy's own limit
 constexpr const char* kSupported = "supported: <f2 <f4 <f8 <i4 <i8 <V2 (bfloat16)";
 
+// Text taken from a file, made safe to quote in a one-line message: control characters and
+// non-ASCII bytes are written as \xNN so a hostile header cannot break the line or the terminal.
+std::string printable(const std::string& s) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (const char ch : s) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out.push_back(ch);
+    } else {
+      out += "\\x";
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  return out;
+}
+
 bool host_is_little_endian() {
   const uint16_t one = 1;
   uint8_t first;
@@ -160,7 +178,7 @@ class LiteralParser {
       if (peek() != '\'' && peek() != '"') fail("dict key is not a string");
       std::string key = parse_string().str;
       for (const auto& kv : v.dict) {
-        if (kv.first == key) fail("duplicate key '" + key + "'");
+        if (kv.first == key) fail("duplicate key '" + printable(key) + "'");
       }
       expect(':');
       v.dict.emplace_back(std::move(key), parse_value(depth + 1));
@@ -185,7 +203,7 @@ class LiteralParser {
 // descr string -> dtype, or an InputError saying why not.
 DType parse_descr(const std::string& descr, const std::string& origin) {
   auto refuse = [&](const std::string& why) -> DType {
-    throw InputError(origin + ": unsupported dtype '" + descr + "'" + why + "; " + kSupported);
+    throw InputError(origin + ": unsupported dtype '" + printable(descr) + "'" + why + "; " + kSupported);
   };
   std::string code = descr;
   char order = '=';
@@ -230,6 +248,37 @@ void read_exact(std::FILE* f, void* dst, size_t n, const std::string& path) {
   if (n != 0 && std::fread(dst, 1, n, f) != n) throw InputError(path + ": read failed (file changed or I/O error)");
 }
 
+// The bytes after the header must hold exactly the array the header describes.
+void check_data_size(const NpyHeader& h, uint64_t have, const std::string& origin) {
+  const uint64_t expected = static_cast<uint64_t>(shape_numel(h.shape)) * dtype_size(h.dtype);
+  const std::string what = shape_str(h.shape) + " " + dtype_name(h.dtype) + " = " + std::to_string(expected) + " bytes";
+  if (have < expected) {
+    throw InputError(origin + ": truncated data (header says " + what + ", file has " + std::to_string(have) + ")");
+  }
+  if (have > expected) {
+    throw InputError(origin + ": " + std::to_string(have - expected) + " trailing bytes after the data (header says " +
+                     what + ")");
+  }
+}
+
+// Validates `shape` for raw data of `dtype` and returns its size in bytes.
+uint64_t raw_nbytes(DType dtype, const std::vector<int64_t>& shape, const std::string& origin) {
+  const int64_t n = shape_numel(shape);
+  const uint64_t itemsize = dtype_size(dtype);
+  if (n < 0 || (n != 0 && static_cast<uint64_t>(n) > std::numeric_limits<uint64_t>::max() / 2 / itemsize)) {
+    throw InputError(origin + ": invalid shape " + shape_str(shape));
+  }
+  return static_cast<uint64_t>(n) * itemsize;
+}
+
+void check_raw_size(uint64_t size, uint64_t expected, DType dtype, const std::vector<int64_t>& shape,
+                    const std::string& origin) {
+  if (size != expected) {
+    throw InputError(origin + ": file has " + std::to_string(size) + " bytes, expected " + shape_str(shape) + " " +
+                     dtype_name(dtype) + " = " + std::to_string(expected) + " bytes");
+  }
+}
+
 std::string descr_of(DType t) {
   switch (t) {
     case DType::F16: return "<f2";
@@ -244,28 +293,49 @@ std::string descr_of(DType t) {
 
 }  // namespace
 
-NpyHeader parse_npy_header(const uint8_t* bytes, size_t size, const std::string& origin) {
+namespace {
+
+// The fixed part before the header dict: magic, version and header length.
+struct NpyPrefix {
+  int major = 1;
+  size_t length = 10;      // bytes of the fixed part: 10 (v1) or 12 (v2, v3)
+  uint64_t header_len = 0;
+};
+
+// Parses the fixed part from the first `size` bytes (12 suffice) of a file of `file_size` bytes
+// and checks that the header fits in the file.
+NpyPrefix parse_prefix(const uint8_t* bytes, size_t size, uint64_t file_size, const std::string& origin) {
   const size_t magic_seen = size < kMagicLen ? size : kMagicLen;
   if (magic_seen > 0 && std::memcmp(bytes, kMagic, magic_seen) != 0) throw InputError(origin + ": not a .npy file (bad magic)");
   if (size < 10) throw InputError(origin + ": truncated .npy header (" + std::to_string(size) + " bytes)");
-  NpyHeader h;
+  NpyPrefix p;
   const int major = bytes[6], minor = bytes[7];
   if ((major != 1 && major != 2 && major != 3) || minor != 0) {
     throw InputError(origin + ": unsupported .npy version " + std::to_string(major) + "." + std::to_string(minor) +
                      " (supported: 1.0, 2.0, 3.0)");
   }
-  h.version_major = major;
-  size_t prefix = 10;
-  uint64_t header_len = bytes[8] | (static_cast<uint64_t>(bytes[9]) << 8);
+  p.major = major;
+  p.header_len = bytes[8] | (static_cast<uint64_t>(bytes[9]) << 8);
   if (major >= 2) {
     if (size < 12) throw InputError(origin + ": truncated .npy header (" + std::to_string(size) + " bytes)");
-    header_len |= (static_cast<uint64_t>(bytes[10]) << 16) | (static_cast<uint64_t>(bytes[11]) << 24);
-    prefix = 12;
+    p.header_len |= (static_cast<uint64_t>(bytes[10]) << 16) | (static_cast<uint64_t>(bytes[11]) << 24);
+    p.length = 12;
   }
-  if (header_len > size - prefix) {
-    throw InputError(origin + ": truncated .npy header (needs " + std::to_string(prefix + header_len) +
-                     " bytes, have " + std::to_string(size) + ")");
+  if (p.header_len > file_size - p.length) {
+    throw InputError(origin + ": truncated .npy header (needs " + std::to_string(p.length + p.header_len) +
+                     " bytes, have " + std::to_string(file_size) + ")");
   }
+  return p;
+}
+
+}  // namespace
+
+NpyHeader parse_npy_header(const uint8_t* bytes, size_t size, const std::string& origin) {
+  const NpyPrefix p = parse_prefix(bytes, size, size, origin);
+  NpyHeader h;
+  h.version_major = p.major;
+  const size_t prefix = p.length;
+  const uint64_t header_len = p.header_len;
   h.data_offset = prefix + static_cast<size_t>(header_len);
 
   // Version 3 headers are UTF-8 rather than latin-1; the keys and values we accept are ASCII in
@@ -279,7 +349,7 @@ NpyHeader parse_npy_header(const uint8_t* bytes, size_t size, const std::string&
     if (kv.first == "descr") descr = &kv.second;
     else if (kv.first == "fortran_order") fortran = &kv.second;
     else if (kv.first == "shape") shape = &kv.second;
-    else throw InputError(origin + ": malformed .npy header (unexpected key '" + kv.first + "')");
+    else throw InputError(origin + ": malformed .npy header (unexpected key '" + printable(kv.first) + "')");
   }
   if (!descr || !fortran || !shape) {
     throw InputError(origin + ": malformed .npy header (needs 'descr', 'fortran_order' and 'shape')");
@@ -322,35 +392,25 @@ HostArray read_npy(const std::string& path) {
   uint8_t prefix[12] = {};
   const size_t prefix_len = size < sizeof prefix ? static_cast<size_t>(size) : sizeof prefix;
   read_exact(f.get(), prefix, prefix_len, path);
-  std::vector<uint8_t> header(prefix, prefix + prefix_len);
-  if (prefix_len >= 10) {
-    const bool long_len = (prefix[6] == 2 || prefix[6] == 3) && prefix_len >= 12;
-    uint64_t header_end = prefix[8] | (static_cast<uint64_t>(prefix[9]) << 8);
-    if (long_len) header_end |= (static_cast<uint64_t>(prefix[10]) << 16) | (static_cast<uint64_t>(prefix[11]) << 24);
-    header_end += long_len ? 12 : 10;
-    if (header_end > prefix_len && header_end <= size) {
-      header.resize(static_cast<size_t>(header_end));
-      read_exact(f.get(), header.data() + prefix_len, header.size() - prefix_len, path);
-    }
-  }
-  // Too short a buffer here makes the parser report the specific problem (magic, version, truncation).
+  const NpyPrefix p = parse_prefix(prefix, prefix_len, size, path);
+  std::vector<uint8_t> header(static_cast<size_t>(p.length + p.header_len));
+  std::memcpy(header.data(), prefix, prefix_len < header.size() ? prefix_len : header.size());
+  if (header.size() > prefix_len) read_exact(f.get(), header.data() + prefix_len, header.size() - prefix_len, path);
   const NpyHeader h = parse_npy_header(header.data(), header.size(), path);
-
-  const uint64_t expected = static_cast<uint64_t>(shape_numel(h.shape)) * dtype_size(h.dtype);
-  const uint64_t have = size - h.data_offset;
-  const std::string what = shape_str(h.shape) + " " + dtype_name(h.dtype) + " = " + std::to_string(expected) + " bytes";
-  if (have < expected) {
-    throw InputError(path + ": truncated data (header says " + what + ", file has " + std::to_string(have) + ")");
-  }
-  if (have > expected) {
-    throw InputError(path + ": " + std::to_string(have - expected) + " trailing bytes after the data (header says " +
-                     what + ")");
-  }
+  check_data_size(h, size - h.data_offset, path);
   HostArray a(h.dtype, h.shape);
   if (std::fseek(f.get(), static_cast<long>(h.data_offset), SEEK_SET) != 0) {
     throw InputError(path + ": seek failed (" + errno_text() + ")");
   }
   read_exact(f.get(), a.bytes.data(), a.bytes.size(), path);
+  return a;
+}
+
+HostArray parse_npy(const uint8_t* bytes, size_t size, const std::string& origin) {
+  const NpyHeader h = parse_npy_header(bytes, size, origin);
+  check_data_size(h, size - h.data_offset, origin);
+  HostArray a(h.dtype, h.shape);
+  if (a.nbytes() != 0) std::memcpy(a.bytes.data(), bytes + h.data_offset, a.nbytes());
   return a;
 }
 
@@ -386,20 +446,20 @@ void write_npy(const std::string& path, const HostArray& a) {
 }
 
 HostArray read_raw(const std::string& path, DType dtype, const std::vector<int64_t>& shape) {
-  const int64_t n = shape_numel(shape);
-  const uint64_t itemsize = dtype_size(dtype);
-  if (n < 0 || (n != 0 && static_cast<uint64_t>(n) > std::numeric_limits<uint64_t>::max() / 2 / itemsize)) {
-    throw InputError(path + ": invalid shape " + shape_str(shape));
-  }
-  const uint64_t expected = static_cast<uint64_t>(n) * itemsize;
+  const uint64_t expected = raw_nbytes(dtype, shape, path);
   uint64_t size = 0;
   FilePtr f = open_for_read(path, &size);
-  if (size != expected) {
-    throw InputError(path + ": file has " + std::to_string(size) + " bytes, expected " + shape_str(shape) + " " +
-                     dtype_name(dtype) + " = " + std::to_string(expected) + " bytes");
-  }
+  check_raw_size(size, expected, dtype, shape, path);
   HostArray a(dtype, shape);
   read_exact(f.get(), a.bytes.data(), a.bytes.size(), path);
+  return a;
+}
+
+HostArray parse_raw(const uint8_t* bytes, size_t size, DType dtype, const std::vector<int64_t>& shape,
+                    const std::string& origin) {
+  check_raw_size(size, raw_nbytes(dtype, shape, origin), dtype, shape, origin);
+  HostArray a(dtype, shape);
+  if (a.nbytes() != 0) std::memcpy(a.bytes.data(), bytes, a.nbytes());
   return a;
 }
 

@@ -30,6 +30,9 @@ NpyHeader parse_npy_header(const uint8_t* bytes, size_t size, const std::string&
 
 // Reads a whole .npy file; checks that the data size matches the header exactly.
 HostArray read_npy(const std::string& path);
+// The same parse from a whole file's bytes in memory (`origin` names it in messages); read_npy
+// applies the same checks while reading the data straight from the file.
+HostArray parse_npy(const uint8_t* bytes, size_t size, const std::string& origin);
 // Writes version 1.0 (2.0 if the header needs it); bfloat16 is written as '<V2' so that
 // np.load(p).view(ml_dtypes.bfloat16) gives it back.
 void write_npy(const std::string& path, const HostArray& a);
@@ -37,6 +40,9 @@ void write_npy(const std::string& path, const HostArray& a);
 // Raw little-endian data with shape and dtype supplied by the caller; the file size must equal
 // numel * itemsize exactly.
 HostArray read_raw(const std::string& path, DType dtype, const std::vector<int64_t>& shape);
+// The same checks on a whole file's bytes in memory.
+HostArray parse_raw(const uint8_t* bytes, size_t size, DType dtype, const std::vector<int64_t>& shape,
+                    const std::string& origin);
 void write_raw(const std::string& path, const HostArray& a);
 
 // Atomic whole-file write (temp file in the same directory + rename). Throws RuntimeError naming

@@ -58,7 +58,7 @@ class Rng {
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
   }
-  uint64_t s_[4];
+  uint64_t s_[4] = {};  // the constructor sets every word; zeroed first so static analysis agrees
   double spare_ = 0;
   bool has_spare_ = false;
 };

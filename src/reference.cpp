@@ -98,9 +98,18 @@ class Attention {
   double forward_row(int b, int h, int i, double* s_row, double* o) const {
     const int D = dm_.D;
     double m = kNegInf;
+    bool nan = false;
     for (int j = 0; j < dm_.S_k; ++j) {
       s_row[j] = score(b, h, i, j);
+      nan = nan || std::isnan(s_row[j]);
       m = std::max(m, s_row[j]);
+    }
+    // A NaN score (NaN or Inf in the inputs, run with --allow-nonfinite) makes the row NaN, as it
+    // does in the kernels: std::max would silently drop it, and a row of NaN scores would then
+    // pass for a fully masked one (O = 0, lse = -inf).
+    if (nan) {
+      std::fill(o, o + D, std::numeric_limits<double>::quiet_NaN());
+      return std::numeric_limits<double>::quiet_NaN();
     }
     std::fill(o, o + D, 0.0);
     if (m == kNegInf) return kNegInf;

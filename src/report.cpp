@@ -66,6 +66,40 @@ json check_json(const CheckResult& c) {
 
 }  // namespace
 
+json timing_json(const TimingStats& t, int clock_start_mhz, int clock_end_mhz) {
+  json samples = json::array();
+  for (double s : t.samples_ms) samples.push_back(num(s));
+  const ClockStats& c = t.clock;
+  const bool sampled = c.samples > 0;
+  return {{"unit", "ms"},
+          {"clock", t.device_events ? "cuda_events" : "host_steady_clock"},
+          {"mode", t.l2_flush ? "cold" : "hot"},
+          {"warmup", t.warmup},
+          {"repeat", static_cast<int>(t.samples_ms.size())},
+          {"min_samples", t.min_samples},
+          {"l2_flush", t.l2_flush},
+          {"median_ms", num(t.median_ms)},
+          {"min_ms", num(t.min_ms)},
+          {"max_ms", num(t.max_ms)},
+          {"mean_ms", num(t.mean_ms)},
+          {"rel_stddev", num(t.rel_stddev)},
+          {"noise", num(t.rel_stddev)},
+          {"max_noise", t.max_noise > 0 ? num(t.max_noise) : json(nullptr)},
+          {"max_time_s", t.max_noise > 0 ? num(t.max_time_s) : json(nullptr)},
+          {"noise_rule_met", t.noise_rule < 0 ? json(nullptr) : json(t.noise_rule == 1)},
+          {"stop_reason", t.stop_reason},
+          {"wall_s", num(t.wall_s)},
+          {"samples_ms", samples},
+          {"sm_clock_start_mhz", opt_int(clock_start_mhz)},
+          {"sm_clock_end_mhz", opt_int(clock_end_mhz)},
+          {"sm_clock_samples", c.samples},
+          {"sm_clock_min_mhz", sampled ? json(c.min_mhz) : json(nullptr)},
+          {"sm_clock_max_mhz", sampled ? json(c.max_mhz) : json(nullptr)},
+          {"sm_clock_mean_mhz", sampled ? num(c.mean_mhz) : json(nullptr)},
+          {"throttled", sampled || c.reasons ? json(c.throttled) : json(nullptr)},
+          {"throttle_reasons", slowdown_reason_names(c.reasons)}};
+}
+
 json device_json(const DeviceInfo* d, const std::string& no_device_reason, int clock_start, int clock_end) {
   if (!d) return {{"present", false}, {"reason", no_device_reason}};
   return {{"present", true},
@@ -106,22 +140,7 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
                        {"seqlens_k", h.has_seqlens},
                        {"mask", h.has_mask}}}};
   if (r.status != "ok") return j;
-  const TimingStats& t = r.timing;
-  json samples = json::array();
-  for (double s : t.samples_ms) samples.push_back(num(s));
-  j["timing"] = {{"unit", "ms"},
-                 {"clock", t.device_events ? "cuda_events" : "host_steady_clock"},
-                 {"warmup", t.warmup},
-                 {"repeat", static_cast<int>(t.samples_ms.size())},
-                 {"l2_flush", t.l2_flush},
-                 {"median_ms", num(t.median_ms)},
-                 {"min_ms", num(t.min_ms)},
-                 {"max_ms", num(t.max_ms)},
-                 {"mean_ms", num(t.mean_ms)},
-                 {"rel_stddev", num(t.rel_stddev)},
-                 {"samples_ms", samples},
-                 {"sm_clock_start_mhz", opt_int(r.sm_clock_start_mhz)},
-                 {"sm_clock_end_mhz", opt_int(r.sm_clock_end_mhz)}};
+  j["timing"] = timing_json(r.timing, r.sm_clock_start_mhz, r.sm_clock_end_mhz);
   j["throughput"] = {{"flops", num(r.flops)},
                      {"tflops", num(r.tflops)},
                      {"bytes", num(r.bytes)},
@@ -142,13 +161,15 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
 json session_json(const ReportHeader& h, const std::vector<RunRecord>& runs) {
   json arr = json::array();
   for (const RunRecord& r : runs) arr.push_back(run_json(h, r));
-  return {{"schema_version", kJsonSchemaVersion},
+  json dev = device_json(h.device, h.no_device_reason, h.sm_clock_start_mhz, h.sm_clock_end_mhz);
+  if (h.device) dev["other_processes"] = h.other_processes >= 0 ? json(h.other_processes) : json(nullptr);
+  json doc = {{"schema_version", kJsonSchemaVersion},
           {"tool", {{"name", "flashattn"},
                     {"version", kVersion},
                     {"git_sha", kGitSha},
                     {"build_type", kBuildType},
                     {"cuda_archs", kCudaArchs}}},
-          {"device", device_json(h.device, h.no_device_reason, h.sm_clock_start_mhz, h.sm_clock_end_mhz)},
+          {"device", dev},
           {"host", {{"cpu_threads", h.cpu_threads > 0 ? h.cpu_threads
                                                        : static_cast<int>(std::thread::hardware_concurrency())}}},
           {"command_line", h.command_line},
@@ -157,7 +178,10 @@ json session_json(const ReportHeader& h, const std::vector<RunRecord>& runs) {
                     {"format", h.data_format},
                     {"input_dtype", h.input_dtype},
                     {"generated_dO", h.generated_dout}}},
+          {"warnings", h.warnings},
           {"runs", arr}};
+  if (!h.ceilings.is_null()) doc["ceilings"] = h.ceilings;
+  return doc;
 }
 
 namespace {
@@ -166,6 +190,12 @@ std::string fmt_ms(double ms) {
   if (ms >= 100) return fmt::format("{:.1f}", ms);
   if (ms >= 1) return fmt::format("{:.3f}", ms);
   return fmt::format("{:.4f}", ms);
+}
+
+std::string fmt_bytes(double b) {
+  if (b >= double(1ull << 30)) return fmt::format("{:.2f} GiB", b / double(1ull << 30));
+  if (b >= double(1ull << 20)) return fmt::format("{:.1f} MiB", b / double(1ull << 20));
+  return fmt::format("{:.0f} KiB", b / 1024.0);
 }
 
 std::string fmt_err(const RunRecord& r) {
@@ -184,10 +214,11 @@ std::string fmt_err(const RunRecord& r) {
 }  // namespace
 
 std::string render_table(const std::vector<RunRecord>& runs, const std::string& baseline, bool with_check) {
-  std::string out = fmt::format("{:<10} {:<8} {:>10} {:>7} {:>9} {:>9} {:>8}", "kernel", "mode", "median ms",
-                                "spread", "TFLOP/s", "GB/s", "speedup");
+  std::string out = fmt::format("{:<10} {:<8} {:>10} {:>7} {:>9} {:>9} {:>9} {:>8}", "kernel", "mode", "median ms",
+                                "noise", "TFLOP/s", "GB/s", "peak mem", "speedup");
   if (with_check) out += fmt::format("  {:<20}", "max error (check)");
   out += "\n";
+  std::string notes;
   for (const RunRecord& r : runs) {
     if (r.status != "ok") {
       out += fmt::format("{:<10} {:<8} {}: {}\n", r.kernel, mode_name(r.mode), r.status, r.reason);
@@ -198,12 +229,18 @@ std::string render_table(const std::vector<RunRecord>& runs, const std::string& 
       if (b.kernel == baseline && b.mode == r.mode && b.status == "ok" && r.timing.median_ms > 0)
         speedup = fmt::format("{:.2f}x", b.timing.median_ms / r.timing.median_ms);
     }
-    out += fmt::format("{:<10} {:<8} {:>10} {:>6.1f}% {:>9.2f} {:>9.1f} {:>8}", r.kernel, mode_name(r.mode),
-                       fmt_ms(r.timing.median_ms), 100 * r.timing.rel_stddev, r.tflops, r.gbps, speedup);
+    // '*': the noise rule was not met; 'T': the SM clock was throttled during timing.
+    std::string flag = r.timing.noise_rule == 0 ? "*" : "";
+    if (r.timing.clock.throttled) flag += "T";
+    const std::string noise = fmt::format("{:.1f}%{}", 100 * r.timing.rel_stddev, flag);
+    const std::string mem = r.memory.peak_bytes ? fmt_bytes(double(r.memory.peak_bytes)) : "-";
+    out += fmt::format("{:<10} {:<8} {:>10} {:>7} {:>9.2f} {:>9.1f} {:>9} {:>8}", r.kernel, mode_name(r.mode),
+                       fmt_ms(r.timing.median_ms), noise, r.tflops, r.gbps, mem, speedup);
     if (with_check) out += "  " + fmt_err(r);
     out += "\n";
+    for (const std::string& n : r.notes) notes += fmt::format("  note ({} {}): {}\n", r.kernel, mode_name(r.mode), n);
   }
-  return out;
+  return out + notes;
 }
 
 std::string render_check(const RunRecord& r) {

@@ -25,8 +25,13 @@ struct ReportHeader {
   bool has_mask = false, has_seqlens = false, generated_dout = false;
   TimingOptions timing;
   int cpu_threads = 0;
+  int other_processes = -1;           // other compute processes on the GPU (NVML), -1 unknown
+  std::vector<std::string> warnings;  // session-wide, e.g. other processes on the GPU
+  nlohmann::json ceilings;            // --ceilings measurements (null when not measured)
 };
 
+// The "timing" object of a run (also used for the --ceilings measurements).
+nlohmann::json timing_json(const TimingStats& t, int clock_start_mhz, int clock_end_mhz);
 nlohmann::json device_json(const DeviceInfo* d, const std::string& no_device_reason, int clock_start, int clock_end);
 nlohmann::json run_json(const ReportHeader& h, const RunRecord& r);
 nlohmann::json session_json(const ReportHeader& h, const std::vector<RunRecord>& runs);

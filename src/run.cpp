@@ -5,14 +5,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <sstream>
 
 #include "dataset.h"
+#include "device_buffer.h"
+#include "device_fill.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
+#include "nvtx.h"
 
 namespace flashattn {
 
@@ -21,6 +26,8 @@ namespace {
 constexpr const char* kReferenceKernel = "cpu";   // the oracle: never checked against itself
 constexpr const char* kBaselineKernel = "naive";  // the same-dtype baseline of the fp16/bf16 rule
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
+// Random streams of generated inputs (the same tensor ids as flashattn-gen).
+enum GenStream : uint64_t { kGenQ = 1, kGenK = 2, kGenV = 3, kGenDO = 4 };
 
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -35,40 +42,19 @@ std::string human_bytes(double b) {
   return os.str();
 }
 
-// Owning device allocation.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes) CUDA_CHECK(cudaMalloc(&ptr_, bytes));
-  }
-  ~DeviceBuffer() {
-    if (ptr_) cudaFree(ptr_);
-  }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr, o.bytes_ = 0; }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    std::swap(ptr_, o.ptr_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-  void* get() const { return ptr_; }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-DeviceBuffer upload(const HostArray& a) {
-  DeviceBuffer d(a.nbytes());
-  if (a.nbytes()) CUDA_CHECK(cudaMemcpy(d.get(), a.bytes.data(), a.nbytes(), cudaMemcpyHostToDevice));
-  return d;
+// A kernel's forward/backward workspace starts as NaN bytes (0xFF) where it is allocated: its
+// contents are undefined to the kernel (every call rewrites what it reads), so a kernel that reads
+// workspace it never wrote turns the checked outputs NaN instead of passing on zeros. It also
+// gives compute-sanitizer's initcheck a defined starting state for memory that cuBLAS fills
+// through paths the tool does not track.
+void poison_workspace(const DeviceBuffer& ws, size_t bytes, cudaStream_t stream) {
+  if (bytes) CUDA_CHECK(cudaMemsetAsync(ws.get(), 0xFF, bytes, stream));
 }
 
+DeviceBuffer upload(const HostArray& a) { return upload_array(a); }
+
 HostArray download(const DeviceBuffer& d, DType t, std::vector<int64_t> shape) {
-  HostArray a(t, std::move(shape));
-  if (a.nbytes()) CUDA_CHECK(cudaMemcpy(a.bytes.data(), d.get(), a.nbytes(), cudaMemcpyDeviceToHost));
-  return a;
+  return download_array(d, t, std::move(shape));
 }
 
 std::vector<int64_t> tensor_shape(Layout l, int B, int H, int S, int D) {
@@ -125,6 +111,43 @@ std::string why_unsupported(const KernelMode& e, const Problem& p, int sm) {
   return "";
 }
 
+std::string nvtx_name(const KernelMode& e, const Problem& p) {
+  const Dims& d = p.dims;
+  std::ostringstream os;
+  os << e.kernel << " " << mode_name(e.mode) << " B" << d.B << " H" << d.H;
+  if (d.H_kv != d.H) os << "/" << d.H_kv;
+  os << " S" << d.S_q;
+  if (d.S_k != d.S_q) os << "x" << d.S_k;
+  os << " D" << d.D << " " << dtype_name(p.dtype);
+  if (p.causal) os << " causal";
+  if (p.window_left >= 0 || p.window_right >= 0) os << " window(" << p.window_left << "," << p.window_right << ")";
+  if (p.has_padding) os << " seqlens_k";
+  if (p.has_mask) os << " mask";
+  if (p.layout == Layout::BSHD) os << " bshd";
+  return os.str();
+}
+
+void add_timing_notes(RunRecord& rec) {
+  const TimingStats& t = rec.timing;
+  char buf[256];
+  if (t.noise_rule == 0) {
+    std::snprintf(buf, sizeof(buf), "noise %.2f%% above --max-noise %.2f%% after %zu samples (stopped at %s)",
+                  100 * t.rel_stddev, 100 * t.max_noise, t.samples_ms.size(), t.stop_reason.c_str());
+    rec.notes.push_back(buf);
+  }
+  if (t.clock.samples == 0) {
+    const std::string why = nvml_status();
+    rec.notes.push_back("SM clock not sampled: " + (why.empty() ? std::string("NVML gave no reading") : why));
+  } else if (t.clock.throttled) {
+    std::snprintf(buf, sizeof(buf), "throttled: SM clock %d MHz at start, %d..%d MHz during timing", t.clock.start_mhz,
+                  t.clock.min_mhz, t.clock.max_mhz);
+    std::string note = buf;
+    const std::vector<std::string> why = slowdown_reason_names(t.clock.reasons);
+    for (size_t i = 0; i < why.size(); ++i) note += (i ? ", " : "; NVML reports ") + why[i];
+    rec.notes.push_back(note);
+  }
+}
+
 double min_bytes_moved(const Problem& p, Mode mode, bool has_mask_input, bool has_seqlens) {
   const Dims& d = p.dims;
   const double es = double(dtype_size(p.dtype));
@@ -179,8 +202,24 @@ struct Session::Impl {
       throw RuntimeError("cuBLAS handle setup failed");
   }
 
-  void ensure_uploaded() {
+  bool generated() const { return in.generate_seed.has_value(); }
+  bool has_dout() const { return in.dout.has_value() || generated(); }
+
+  void ensure_uploaded(const std::string& kernel) {
     if (uploaded) return;
+    const size_t es = dtype_size(in.problem.dtype);
+    const size_t q_bytes = size_t(dims().B) * dims().H * dims().S_q * dims().D * es;
+    const size_t kv_bytes = size_t(dims().B) * dims().H_kv * dims().S_k * dims().D * es;
+    size_t needed = 2 * q_bytes + 2 * kv_bytes;  // generated: Q, K, V, dO
+    if (!generated()) {
+      needed = in.q.nbytes() + in.k.nbytes() + in.v.nbytes() + (in.dout ? in.dout->nbytes() : 0) +
+               (in.mask ? in.mask->nbytes() : 0) + (in.seqlens_k ? in.seqlens_k->nbytes() : 0);
+    }
+    require_memory(kernel, needed);
+    if (generated()) {
+      generate_on_device(q_bytes, kv_bytes);
+      return;
+    }
     d_q = upload(in.q);
     d_k = upload(in.k);
     d_v = upload(in.v);
@@ -188,6 +227,41 @@ struct Session::Impl {
     if (in.mask) d_mask = upload(*in.mask);
     if (in.seqlens_k) d_seqlens = upload(*in.seqlens_k);
     uploaded = true;
+  }
+
+  void generate_on_device(size_t q_bytes, size_t kv_bytes) {
+    const DType t = in.problem.dtype;
+    const uint64_t seed = *in.generate_seed;
+    NvtxRange range("generate inputs");
+    d_q = DeviceBuffer(q_bytes), d_k = DeviceBuffer(kv_bytes), d_v = DeviceBuffer(kv_bytes), d_do = DeviceBuffer(q_bytes);
+    const int64_t nq = int64_t(q_bytes / dtype_size(t)), nkv = int64_t(kv_bytes / dtype_size(t));
+    fill_normal_device(d_q.get(), t, nq, seed, kGenQ, stream);
+    fill_normal_device(d_k.get(), t, nkv, seed, kGenK, stream);
+    fill_normal_device(d_v.get(), t, nkv, seed, kGenV, stream);
+    fill_normal_device(d_do.get(), t, nq, seed, kGenDO, stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    uploaded = true;
+  }
+
+  // Host copies of generated inputs, for the reference and host kernels: downloaded once when the
+  // device made them, else computed on the host (same values).
+  void ensure_host_inputs() {
+    if (!generated() || !in.q.bytes.empty()) return;
+    const DType t = in.problem.dtype;
+    if (uploaded) {
+      in.q = download(d_q, t, q_shape());
+      in.k = download(d_k, t, kv_shape());
+      in.v = download(d_v, t, kv_shape());
+      in.dout = download(d_do, t, q_shape());
+      return;
+    }
+    const uint64_t seed = *in.generate_seed;
+    in.q = HostArray(t, q_shape()), in.k = HostArray(t, kv_shape()), in.v = HostArray(t, kv_shape());
+    in.dout = HostArray(t, q_shape());
+    fill_normal_host(in.q.bytes.data(), t, in.q.numel(), seed, kGenQ);
+    fill_normal_host(in.k.bytes.data(), t, in.k.numel(), seed, kGenK);
+    fill_normal_host(in.v.bytes.data(), t, in.v.numel(), seed, kGenV);
+    fill_normal_host(in.dout->bytes.data(), t, in.dout->numel(), seed, kGenDO);
   }
 
   // Device memory in use now beyond what was in use when the session started (inputs, outputs,
@@ -266,6 +340,7 @@ struct Session::Impl {
   };
 
   HostRun run_host(const KernelMode& e, bool timed) {
+    ensure_host_inputs();
     const LaunchContext ctx = context(e);
     const DType t = in.problem.dtype;
     HostRun r;
@@ -311,9 +386,21 @@ struct Session::Impl {
     int clock_start = -1, clock_end = -1;
   };
 
+  // The timed loop, with the SM clock read before, during (per batch) and after it.
+  TimingStats timed_run(const std::function<void()>& call, GpuRun& r) {
+    ClockProbe probe;
+    const DeviceInfo info = *dev;
+    probe.sm_clock_mhz = [info] { return nvml_sm_clock_mhz(info); };
+    probe.throttle_reasons = [info] { return nvml_slowdown_reasons(info); };
+    r.clock_start = nvml_sm_clock_mhz(*dev);
+    TimingStats t = time_gpu(call, stream, opt.timing, flusher.get(), &probe);
+    r.clock_end = nvml_sm_clock_mhz(*dev);
+    return t;
+  }
+
   // Runs `e` once with poisoned outputs (the checked run) and, if `timed`, times it.
   GpuRun run_gpu(const KernelMode& e, bool timed) {
-    ensure_uploaded();
+    ensure_uploaded(e.kernel);
     const LaunchContext ctx = context(e);
     const Dims& d = dims();
     const size_t es = dtype_size(in.problem.dtype);
@@ -341,29 +428,31 @@ struct Session::Impl {
       DeviceBuffer ws(fwd_ws);
       f.workspace = ws.get();
       f.workspace_bytes = fwd_ws;
+      poison_workspace(ws, fwd_ws, stream);
       CUDA_CHECK(cudaMemsetAsync(o.get(), 0xFF, q_bytes, stream));  // poison: NaN in every dtype
       CUDA_CHECK(cudaMemsetAsync(lse.get(), 0xFF, lse_bytes, stream));
       auto call = [&] { e.fwd(f, ctx); };
-      call();
-      CUDA_CHECK(cudaStreamSynchronize(stream));
+      {
+        NvtxRange range("check");  // the run whose outputs are validated and written
+        call();
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+      }
       r.out.o = download(o, in.problem.dtype, q_shape());
       r.out.lse = download(lse, DType::F32, lse_shape());
       r.mem.inputs_bytes = q_bytes + 2 * kv_bytes + mask_bytes;
       r.mem.outputs_bytes = q_bytes;
       r.mem.workspace_bytes = fwd_ws + lib_ws;
       r.mem.extra_bytes = r.mem.workspace_bytes + lse_bytes;
-      if (timed) {
-        r.clock_start = nvml_sm_clock_mhz(*dev);
-        r.timing = time_gpu(call, stream, opt.timing, flusher.get());
-        r.clock_end = nvml_sm_clock_mhz(*dev);
-      }
+      if (timed) r.timing = timed_run(call, r);
       r.mem.device_used_bytes = device_used();
     } else {
       {
         // O and lse from the same kernel's forward pass (not timed).
+        NvtxRange range("forward for O and lse");
         DeviceBuffer ws(fwd_ws);
         f.workspace = ws.get();
         f.workspace_bytes = fwd_ws;
+        poison_workspace(ws, fwd_ws, stream);
         const LaunchContext fctx = context(*fe);
         fe->fwd(f, fctx);
         CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -381,12 +470,16 @@ struct Session::Impl {
       b.dq = dq.get(), b.dk = dk.get(), b.dv = dv.get();
       b.workspace = ws.get();
       b.workspace_bytes = bwd_ws;
+      poison_workspace(ws, bwd_ws, stream);
       CUDA_CHECK(cudaMemsetAsync(dq.get(), 0xFF, q_bytes, stream));
       CUDA_CHECK(cudaMemsetAsync(dk.get(), 0xFF, kv_bytes, stream));
       CUDA_CHECK(cudaMemsetAsync(dv.get(), 0xFF, kv_bytes, stream));
       auto call = [&] { e.bwd(b, ctx); };
-      call();
-      CUDA_CHECK(cudaStreamSynchronize(stream));
+      {
+        NvtxRange range("check");
+        call();
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+      }
       r.out.dq = download(dq, in.problem.dtype, q_shape());
       r.out.dk = download(dk, in.problem.dtype, kv_shape());
       r.out.dv = download(dv, in.problem.dtype, kv_shape());
@@ -394,11 +487,7 @@ struct Session::Impl {
       r.mem.outputs_bytes = q_bytes + 2 * kv_bytes;
       r.mem.workspace_bytes = bwd_ws + lib_ws;
       r.mem.extra_bytes = r.mem.workspace_bytes;
-      if (timed) {
-        r.clock_start = nvml_sm_clock_mhz(*dev);
-        r.timing = time_gpu(call, stream, opt.timing, flusher.get());
-        r.clock_end = nvml_sm_clock_mhz(*dev);
-      }
+      if (timed) r.timing = timed_run(call, r);
       r.mem.device_used_bytes = device_used();
     }
     r.mem.peak_bytes = r.mem.inputs_bytes + r.mem.outputs_bytes + r.mem.extra_bytes;
@@ -407,6 +496,7 @@ struct Session::Impl {
 
   // ---- validation -------------------------------------------------------------------------------
   RefInputs ref_inputs(bool backward) {
+    ensure_host_inputs();
     const Problem& p = in.problem;
     auto to_bhsd = [&](const HostArray& a, int H, int S) {
       std::vector<double> out(size_t(dims().B) * H * S * dims().D);
@@ -511,7 +601,7 @@ RunRecord Session::run(const KernelMode& e) {
   const Problem& p = s.in.problem;
   const std::string why = why_unsupported(e, p, s.dev ? s.dev->sm() : 0);
   if (!why.empty()) throw InputError(why);
-  if (e.mode == Mode::Backward && !s.in.dout) throw InputError("backward needs dO (none loaded or generated)");
+  if (e.mode == Mode::Backward && !s.has_dout()) throw InputError("backward needs dO (none loaded or generated)");
   if ((e.mode == Mode::Forward && !e.fwd) || (e.mode == Mode::Backward && !e.bwd))
     throw InputError("kernel '" + e.kernel + "' registered " + mode_name(e.mode) + " without an entry point");
 
@@ -524,12 +614,14 @@ RunRecord Session::run(const KernelMode& e) {
   rec.bytes = min_bytes_moved(p, e.mode, s.in.mask.has_value(), s.in.seqlens_k.has_value());
 
   if (e.gpu) {
+    NvtxRange range(nvtx_name(e, p));
     Impl::GpuRun r = s.run_gpu(e, /*timed=*/true);
     rec.outputs = std::move(r.out);
     rec.timing = std::move(r.timing);
     rec.memory = r.mem;
     rec.sm_clock_start_mhz = r.clock_start;
     rec.sm_clock_end_mhz = r.clock_end;
+    add_timing_notes(rec);
   } else {
     Impl::HostRun r = s.run_host(e, /*timed=*/true);
     rec.outputs = std::move(r.out);

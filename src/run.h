@@ -24,6 +24,11 @@ struct RunInputs {
   std::optional<HostArray> dout;
   std::optional<HostArray> seqlens_k;
   std::optional<HostArray> mask;
+  // Set for generated inputs (benchmark sweeps): Q, K, V and dO are N(0,1) from this seed
+  // (device_fill.h), made on the device, with host copies downloaded once only when the
+  // reference (--check) or a host kernel needs them; made on the host when there is no GPU.
+  // q, k, v and dout above stay empty until then.
+  std::optional<uint64_t> generate_seed;
 };
 
 struct SessionOptions {
@@ -66,6 +71,12 @@ struct RunRecord {
 // "" when `entry` can run problem `p` on a device of compute capability `sm` (0: no GPU); else a
 // one-line reason naming what is unsupported and what the kernel supports.
 std::string why_unsupported(const KernelMode& entry, const Problem& p, int sm);
+
+// NVTX range name of a run, e.g. "fa2 forward B4 H8 S4096 D64 bf16 causal".
+std::string nvtx_name(const KernelMode& e, const Problem& p);
+
+// Notes on how far to trust a timing: noise rule not met, SM clock throttled or not sampled.
+void add_timing_notes(RunRecord& rec);
 
 // Minimum bytes a mode must move: each input read once, each output written once.
 double min_bytes_moved(const Problem& p, Mode mode, bool has_mask_input, bool has_seqlens);

@@ -1,33 +1,70 @@
-// Timing: CUDA events around each repetition after warm-up, L2 flushed between repetitions,
-// statistics over the samples (median first).
+// Timing: CUDA events around each repetition after warm-up, L2 flushed between repetitions
+// (cold) or not (hot), statistics over the samples (median first), and a stopping rule like
+// nvbench's: at least `min_samples` repetitions, then more until the relative standard deviation
+// of the samples is at most `max_noise` or `max_time_s` of wall time was spent.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace flashattn {
 
 struct TimingOptions {
   int warmup = 3;
-  int repeat = 20;           // at least this many timed repetitions
+  int repeat = 20;           // at least this many timed repetitions (--repeat / --min-samples)
   double min_time_ms = 0.0;  // ...and keep going until the timed total reaches this
-  int max_repeat = 10000;    // hard cap for the min-time rule
-  bool flush_l2 = true;
+  int max_repeat = 10000;    // hard cap on the number of samples
+  bool flush_l2 = true;      // cold (flushed) by default; false: hot, back-to-back
+  // Noise rule: after `repeat` samples (and `min_time_ms`), continue until rel. stddev <=
+  // max_noise, or until max_time_s of wall time has passed in the timed loop. <= 0: no rule, so
+  // library users (the GPU tests) get exactly `repeat` samples; the command line's default is
+  // 0.5% (AppOptions::max_noise_pct).
+  double max_noise = 0;
+  double max_time_s = 1.0;
+};
+
+// Reads the GPU's state while the timed loop runs (NVML). Empty members are not sampled.
+struct ClockProbe {
+  std::function<int()> sm_clock_mhz;                    // -1 when unavailable
+  std::function<unsigned long long()> throttle_reasons;  // slowdown reasons bitmask, 0 when none
+};
+
+// SM clock seen during the timed loop (one reading per batch of repetitions, taken while the
+// GPU is busy with that batch).
+struct ClockStats {
+  int samples = 0;  // 0: not sampled (no probe or NVML unavailable)
+  int start_mhz = -1, min_mhz = -1, max_mhz = -1;
+  double mean_mhz = -1;
+  unsigned long long reasons = 0;  // OR of the slowdown reasons reported
+  bool throttled = false;          // min < 0.9 x start, or a slowdown reason was reported
 };
 
 struct TimingStats {
   std::vector<double> samples_ms;
   double median_ms = 0, min_ms = 0, max_ms = 0, mean_ms = 0;
-  double rel_stddev = 0;  // sample standard deviation / mean
+  double rel_stddev = 0;  // sample standard deviation / mean: the "noise" of the stopping rule
   int warmup = 0;
   bool l2_flush = false;
   bool device_events = false;  // CUDA events (GPU) or host clock (cpu kernel)
+  // Stopping rule: what was asked and why the loop stopped.
+  int min_samples = 0;
+  double max_noise = 0;   // <= 0: rule off
+  double max_time_s = 0;
+  int noise_rule = -1;    // 1 met, 0 not met, -1 rule off
+  std::string stop_reason;  // "noise", "max_time", "max_samples", "min_samples" (rule off)
+  double wall_s = 0;      // wall time of the timed loop
+  ClockStats clock;
 };
 
 TimingStats summarize(std::vector<double> samples_ms);
+
+// Why the timed loop stops now, or "" to go on. `n` samples so far, `total_ms` their sum,
+// `noise` their relative stddev, `wall_s` time spent in the loop.
+std::string stop_reason(const TimingOptions& opt, int n, double total_ms, double noise, double wall_s);
 
 // Evicts the L2 cache by writing a buffer twice its size.
 class L2Flusher {
@@ -44,10 +81,12 @@ class L2Flusher {
   size_t bytes_ = 0;
 };
 
-// Times `launch` (which enqueues work on `stream`). `before_each` (may be empty) runs untimed
-// before every repetition, e.g. to reset accumulators.
+// Times `launch` (which enqueues work on `stream`). Repetitions are enqueued in batches (each
+// with its own pair of events, and the flush before it when cold) so the GPU runs them back to
+// back; the stopping rule is evaluated after every batch. `probe` (may be null) is read once per
+// batch while the batch runs.
 TimingStats time_gpu(const std::function<void()>& launch, cudaStream_t stream, const TimingOptions& opt,
-                     L2Flusher* flusher);
+                     L2Flusher* flusher, const ClockProbe* probe = nullptr);
 // Times a host function with std::chrono::steady_clock.
 TimingStats time_cpu(const std::function<void()>& fn, const TimingOptions& opt);
 

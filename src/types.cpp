@@ -57,6 +57,7 @@ const char* feature_name(uint32_t bit) {
     case kFeatGQA: return "gqa";
     case kFeatUnequalSeq: return "sq!=sk";
     case kFeatBSHD: return "bshd";
+    case kFeatPaged: return "paged";
     default: return "?";
   }
 }

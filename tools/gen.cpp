@@ -16,6 +16,7 @@
 
 #include "array.h"
 #include "dataset.h"
+#include "gen_decode.h"
 #include "flashattn/error.h"
 #include "npy.h"
 #include "random.h"
@@ -270,6 +271,9 @@ Masks (float32, added to the scaled scores):
   random       N(0, 1) with about 10% -inf; --mask-empty-rows N makes N rows entirely -inf
   causal-bias  0 where key j <= i + S_k - S_q, else -inf (the bottom-right causal mask)
 Mask shapes: full [B,H,S_q,S_k]  batch [B,1,S_q,S_k]  head [1,H,S_q,S_k]  shared [S_q,S_k]
+Decode (--decode --S-max N --cache-seqlens N|LIST|random [--S-new N] [--page-size P]): q, k_new, v_new,
+  K_cache, V_cache, cache_seqlens (+ block_table with a shuffled page assignment when paged); rowidx
+  uses each row's position in the cache.
 Exit codes: 0 ok, 1 runtime failure, 2 usage or input error.)";
 
 }  // namespace
@@ -300,6 +304,15 @@ int main(int argc, char** argv) {
   app.add_option("--mask-empty-rows", o.mask_empty_rows, "with --mask random: this many fully -inf rows");
   app.add_flag("--no-meta", o.no_meta, "bin only: no meta.json; --out must be named B{b}_H{h}_S{s}_D{d}");
   app.add_flag("--force", o.force, "write into a non-empty directory, replacing its data files");
+  flashattn_gen::DecodeGenOptions dec;
+  bool decode = false;
+  app.add_flag("--decode", decode, "write a decode directory (KV cache + new tokens; data/README.md)");
+  auto* s_max = app.add_option("--S-max", dec.S_max, "decode: cache positions per batch element");
+  auto* cache_seqlens = app.add_option("--cache-seqlens", dec.cache_seqlens,
+                                       "decode: tokens already cached: N, B comma-separated lengths, or 'random'");
+  auto* s_new = app.add_option("--S-new", dec.S_new, "decode: new tokens per step (default 1)");
+  auto* page = app.add_option("--page-size", dec.page_size,
+                              "decode: paged cache with this page size (power of two >= 16; 0: contiguous)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -309,6 +322,18 @@ int main(int argc, char** argv) {
     return fa::kExitInput;
   }
   try {
+    if (decode) {
+      for (const char* forward_only : {"--S", "--S-q", "--S-k", "--layout", "--with-dO", "--seqlens-k", "--mask",
+                                       "--mask-shape", "--mask-empty-rows", "--no-meta"})
+        if (app.count(forward_only) > 0)
+          throw fa::InputError(std::string(forward_only) + ": not used with --decode (see --S-max, --cache-seqlens, --S-new)");
+      if (s_max->count() == 0) throw fa::InputError("--S-max: required with --decode");
+      dec.out = o.out, dec.B = o.B, dec.H = o.H, dec.H_kv = h_kv->count() > 0 ? o.H_kv : o.H, dec.D = o.D;
+      dec.dtype = o.dtype, dec.format = o.format, dec.init = o.init, dec.seed = o.seed, dec.force = o.force;
+      return flashattn_gen::write_decode_dir(dec);
+    }
+    for (const CLI::Option* decode_only : {s_max, cache_seqlens, s_new, page})
+      if (decode_only->count() > 0) throw fa::InputError(decode_only->get_name() + ": only with --decode");
     return run(o, s->count() > 0, s_q->count() > 0, s_k->count() > 0, h_kv->count() > 0);
   } catch (const fa::Error& e) {
     fmt::print(stderr, "{}\n", e.what());  // already one line starting with the path or option

@@ -81,4 +81,62 @@ struct BwdParams : FwdParams {
   Strides dq_st, dk_st, dv_st;
 };
 
+// Decode: one step of autoregressive attention against a KV cache (data/README.md, "Decode").
+// Batch element b holds cache_seqlens[b] tokens. The step appends S_new tokens (k_new, v_new) at
+// cache positions [cache_seqlens[b], L_b), L_b = cache_seqlens[b] + S_new <= S_max; then query i
+// of the step (at position cache_seqlens[b] + i) sees the keys j <= cache_seqlens[b] + i: causal,
+// aligned at the bottom right of its own batch element's length L_b.
+//   Q[b, h, i, d]    = q + b*q_st.batch + h*q_st.head + i*q_st.row + d              (i < S_new)
+//   Knew[b, g, i, d] = k_new + b*k_new_st.batch + g*k_new_st.head + i*k_new_st.row + d
+//   cache row j of kv head g of batch b (K; V alike with v_cache, v_cache_st):
+//     contiguous (block_table null): k_cache + b*k_cache_st.batch + g*k_cache_st.head + j*k_cache_st.row
+//     paged: k_cache + page*k_cache_st.batch + g*k_cache_st.head + (j % page_size)*k_cache_st.row,
+//            page = block_table[b*block_table_stride + j / page_size]; the pool is
+//            [num_blocks, H_kv, page_size, D], so `batch` is the stride between pages.
+// Decode entry points (KernelMode::dec) attend only: the driver runs the update-cache kernel
+// first, so a kernel reads keys [0, L_b) from the cache. Outputs O [B, H, S_new, D] (o_st) in the
+// dtype and lse float32 contiguous [B, H, S_new], natural log.
+struct DecodeParams {
+  DType dtype = DType::F32;  // element type of q, k_new, v_new, the caches and o
+  int B = 0, H = 0, H_kv = 0, S_new = 0, S_max = 0, D = 0;
+
+  float scale = 0.f;       // softmax scale, default 1/sqrt(D)
+  float scale_log2 = 0.f;  // scale * log2(e)
+  double scale_f64 = 0.0;
+
+  const void* q = nullptr;
+  Strides q_st;
+  const void* k_new = nullptr;
+  const void* v_new = nullptr;
+  Strides k_new_st, v_new_st;
+  void* k_cache = nullptr;  // written by the update-cache kernel, read by the attention
+  void* v_cache = nullptr;
+  Strides k_cache_st, v_cache_st;
+
+  const int32_t* cache_seqlens = nullptr;  // [B], tokens in the cache before this step
+  const int32_t* block_table = nullptr;    // [B, block_table_stride] page indices; null: contiguous
+  int block_table_stride = 0;              // max blocks per batch element
+  int page_size = 0;                       // keys per page (a power of two >= 16) when paged
+  int num_blocks = 0;                      // pages in the pool
+
+  // max_b L_b, known on the host (cache_seqlens lives on the device): sizes split plans and
+  // workspaces without a device read.
+  int max_seqlen = 0;
+  // >= 0 when every cache_seqlens[b] equals it (known on the host): a kernel may take it by value
+  // instead of reading cache_seqlens first (a cold DRAM read ahead of every cache read). -1: read.
+  int uniform_seqlen = -1;
+  int num_splits = 0;  // split-K pieces per (batch, kv head); 0: the kernel chooses
+
+  void* o = nullptr;
+  Strides o_st;
+  void* lse = nullptr;
+
+  // Sized by the kernel's decode workspace function and zero-filled by the driver when it is
+  // allocated; a kernel that keeps counters there (a split-K merge done by the last CTA of a
+  // group) leaves them at zero again when it returns, so the same workspace serves every call.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  int num_sms = 0;
+};
+
 }  // namespace flashattn

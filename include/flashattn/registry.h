@@ -39,6 +39,11 @@ using FwdFn = void (*)(const FwdParams&, const LaunchContext&);
 using BwdFn = void (*)(const BwdParams&, const LaunchContext&);
 using FwdWorkspaceFn = size_t (*)(const FwdParams&);
 using BwdWorkspaceFn = size_t (*)(const BwdParams&);
+using DecodeFn = void (*)(const DecodeParams&, const LaunchContext&);
+using DecodeWorkspaceFn = size_t (*)(const DecodeParams&);
+// Split-K pieces per (batch, kv head) the kernel will use for these params (num_splits, or its
+// own choice when num_splits is 0); null means the kernel does not split (1).
+using DecodeSplitsFn = int (*)(const DecodeParams&);
 
 struct KernelMode {
   std::string kernel;   // name used by --compute, e.g. "naive"
@@ -59,11 +64,15 @@ struct KernelMode {
   // Filled in by the registration macro: the archs the registering file was compiled for.
   std::string compiled_archs;
 
-  // Entry points: the pair matching `mode` is set. Workspace functions may be null (no scratch).
+  // Entry points: the pair matching `mode` is set (decode: dec, dec_workspace, dec_splits).
+  // Workspace functions may be null (no scratch).
   FwdFn fwd = nullptr;
   FwdWorkspaceFn fwd_workspace = nullptr;
   BwdFn bwd = nullptr;
   BwdWorkspaceFn bwd_workspace = nullptr;
+  DecodeFn dec = nullptr;
+  DecodeWorkspaceFn dec_workspace = nullptr;
+  DecodeSplitsFn dec_splits = nullptr;
 };
 
 class Registry {

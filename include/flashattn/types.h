@@ -51,10 +51,12 @@ enum Feature : uint32_t {
   kFeatGQA = 1u << 4,          // H_kv < H (grouped / multi-query attention)
   kFeatUnequalSeq = 1u << 5,   // S_q != S_k
   kFeatBSHD = 1u << 6,         // bshd layout (bhsd is always supported)
+  kFeatPaged = 1u << 7,        // decode: K/V cache in pages through a block table
 };
+// Every forward/backward feature (paged caches only exist in decode mode).
 constexpr uint32_t kAllFeatures = kFeatCausal | kFeatWindow | kFeatPadding | kFeatMask | kFeatGQA |
                                   kFeatUnequalSeq | kFeatBSHD;
-constexpr int kNumFeatures = 7;
+constexpr int kNumFeatures = 8;
 const char* feature_name(uint32_t single_bit);  // "causal", "window", ...
 
 }  // namespace flashattn

@@ -505,6 +505,7 @@ TEST(OutputWriter, ReplacesAnExistingOutputWhole) {
   put_text(out + "/O.npy", std::string(10000, 'x'));
   fa::OutputWriter w(out, fa::FileFormat::Npy, fa::Layout::BHSD, {});
   w.add("O", filled(fa::DType::F32, {2}));
+  w.finish();
   EXPECT_EQ(fa::read_npy(out + "/O.npy").shape, (std::vector<int64_t>{2}));
   EXPECT_EQ(std::distance(fs::directory_iterator(out), fs::directory_iterator{}), 1);
 }

@@ -1,0 +1,592 @@
+// mma, decode — rung 7 of the ladder in decode mode: flash-decoding on the tensor cores. A decode
+// step reads the whole cache once for very few query rows, so it is bound by DRAM bandwidth; the
+// kernel is built to keep enough bytes in flight and to read every K/V byte exactly once:
+//   - GQA packing: the G = H / H_kv query heads x S_new new tokens of a kv group are the rows of
+//     one m16 tile (padded with zero rows), so K and V are read once per group, not once per head;
+//     groups with more than 16 rows take one CTA per 16-row tile.
+//   - split-K: each (batch, kv head) cache is cut into pieces of whole 64-key blocks, one CTA per
+//     piece, as many as it takes to fill the GPU (decode::choose_splits, or --splits N); the last
+//     CTA of a group to finish merges the pieces by their lse (merge_splits: no second kernel).
+//   - K/V blocks (64 keys) stream through a 3-stage cp.async pipeline in 16-byte, fully coalesced
+//     copies into XOR-swizzled shared memory; two blocks are in flight while one is computed.
+//   - within a CTA the 4 warps split each block's keys (16 each): every warp keeps its own online
+//     softmax over its keys, and the warps merge through shared memory at the end.
+// Per warp and block (FlashAttention-2, Algorithm 1, lines 8-10, with the roles of the loops
+// swapped as in Flash-Decoding: the keys are split, the queries are few):
+//   S = Q K_w^T                       8 k16 steps x 2 mma.m16n8k16 (Q fragments held in registers)
+//   S *= scale * log2(e); S = -inf where key j > cache_seqlens[b] + i   (only in blocks that reach
+//                                     past the first new token: causal at the bottom right)
+//   m_new = max(m_i, rowmax(S)); P = 2^(S - m_new); l_i = 2^(m_i - m_new) l_i + rowsum(P)
+//   O = diag(2^(m_i - m_new)) O + P V_w   (P stays in registers as the A fragment; V by ldmatrix.trans)
+// Why mma.sync at M = 4 (G = 4, S_new = 1): the padded tile wastes 3/4 of the math, but the math is
+// 2 mma per key against 512 bytes of K/V per key at D = 128: ~3 cycles per key of tensor-core time
+// against ~30 cycles per key of an SM's share of DRAM bandwidth, so the padding is free, while a
+// CUDA-core dot product would spend 4 shuffles per row and key on reductions (see fa2 decode).
+//
+// Paged caches: the loader looks each row's page up in the block table (kPaged instantiation; the
+// contiguous one has no lookup). Features: GQA/MQA, per-batch lengths, S_new >= 1, paged caches,
+// empty split pieces. Limits: fp16/bf16; head dims 32, 64, 96, 128, 256; sm_80+; q and caches
+// 16-byte aligned with strides a multiple of 8 elements. Instantiations: 5 head dims x 2 dtypes x
+// {contiguous, paged} = 20 (FLASHATTN_ONLY_HDIM128: 4). Measured: see README.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "common/decode.cuh"
+#include "common/dtype.cuh"
+#include "common/frag_softmax.cuh"
+#include "common/mma_sm80.cuh"
+#include "common/swizzled_smem.cuh"
+#include "flashattn/check.h"
+#include "flashattn/error.h"
+#include "flashattn/registry.h"
+
+namespace flashattn {
+namespace mma_dec {
+
+constexpr int kSmemAlign = 128;  // spare bytes so the tiles start 128-byte aligned (swizzle XOR form)
+// The merge keeps kRows x splits weights in the K/V stages (16 KB at 256 splits; the smallest
+// stage area, D = 32, holds 32 KB).
+constexpr int kMaxSplits = 256;
+
+template <int kHeadDim_, int kStages_, int kMinBlocksPerSm_>
+struct Traits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockN = 64;  // keys per pipeline stage: 16 per warp, one k16 step of P.V
+  static constexpr int kNWarps = 4;
+  static constexpr int kThreads = kNWarps * 32;
+  static constexpr int kRows = 16;  // one m16 tile of (query head, new token) rows
+  static constexpr int kWarpKeys = kBlockN / kNWarps;
+  static constexpr int kStages = kStages_;
+  static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
+  // Q as A fragments for the whole loop (kKSteps x 4 registers) up to D = 128; at D = 256, O alone
+  // takes 128 registers, so Q is re-read from shared memory (4 KB per warp and block, against the
+  // 64 KB of K/V the block brings).
+  static constexpr bool kQInRegs = kHeadDim <= 128;
+  static constexpr int kDTiles = kHeadDim / 8;
+  static constexpr int kKSteps = kHeadDim / 16;
+
+  using TileQ = mma::SwizzledTile<kRows, kHeadDim>;
+  using TileKV = mma::SwizzledTile<kBlockN, kHeadDim>;
+  static constexpr int kStageBytes = 2 * TileKV::kBytes;  // K then V
+  static constexpr int kSmemBytes = TileQ::kBytes + kStages * kStageBytes;
+  // Epilogue scratch in the K/V stages: each warp's O (fp32 rows padded by 4 floats so the float2
+  // stores of a quad's rows spread over the banks), then m and l.
+  static constexpr int kLdO = kHeadDim + 4;
+  static constexpr int kCombineBytes = kNWarps * kRows * (kLdO + 2) * 4;
+
+  static_assert(kWarpKeys == 16, "a warp's keys are exactly one k16 step of P.V");
+  static_assert(kStages >= 2, "the pipeline needs a stage to load while one is computed");
+  static_assert(kCombineBytes <= kStages * kStageBytes, "the warp merge reuses the K/V stages");
+  static_assert(kRows * kMaxSplits * 4 <= kStages * kStageBytes, "the split merge's weights fit the stages");
+  static_assert((kSmemBytes + kSmemAlign + 1024) * kMinBlocksPerSm <= 228 * 1024, "CTAs per SM must fit");
+};
+
+// Per head dim: stages and CTAs per SM, so that each SM keeps ~64-128 KB of K/V in flight (about
+// what an SM's share of HBM3 bandwidth times the loaded latency needs) within 227 KB of smem.
+template <int kHeadDim> struct TraitsFor;
+template <> struct TraitsFor<32> { using type = Traits<32, 4, 4>; };    // 4 x 8 KB stages, 33 KB
+template <> struct TraitsFor<64> { using type = Traits<64, 4, 3>; };    // 4 x 16 KB, 66 KB
+template <> struct TraitsFor<96> { using type = Traits<96, 3, 2>; };    // 3 x 24 KB, 75 KB
+template <> struct TraitsFor<128> { using type = Traits<128, 3, 2>; };  // 3 x 32 KB, 100 KB
+template <> struct TraitsFor<256> { using type = Traits<256, 3, 1>; };  // 3 x 64 KB, 200 KB
+
+template <class T>
+struct Args {
+  const T* q = nullptr;
+  Strides q_st;
+  const T* k = nullptr;
+  const T* v = nullptr;
+  Strides k_st, v_st;  // batch stride = page stride when paged
+  const int32_t* cache_seqlens = nullptr;
+  int uniform_len = -1;  // >= 0: every cache_seqlens[b] (DecodeParams::uniform_seqlen)
+  const int32_t* block_table = nullptr;
+  int table_stride = 0, log2_page = 0;
+  T* o = nullptr;
+  Strides o_st;
+  float* lse = nullptr;
+  decode::SplitWorkspace ws;
+  int H = 0, H_kv = 0, group = 1, S_new = 0, S_max = 0, splits = 1;
+  int64_t rows_total = 0;  // B * H * S_new
+  float scale_log2 = 0.f;
+};
+
+// cp.async copies of one 64-key block of K and V. Consecutive threads take consecutive 16-byte
+// chunks of a row panel (whole 128-byte lines); each thread keeps one chunk column and steps down
+// the rows, so its swizzled shared offset is a constant plus an immediate. Rows past L are
+// zero-filled without a global read. Paged: each row's page comes from the block table.
+template <class Tr, class T, bool kPaged>
+struct KVLoader {
+  using TileKV = typename Tr::TileKV;
+  static constexpr int P = TileKV::kPanelChunks;
+  static constexpr int kRowStep = Tr::kThreads / P;
+  static constexpr int kIters = Tr::kBlockN / kRowStep;
+  static constexpr int kPanels = TileKV::kChunks / P;
+  static_assert(Tr::kThreads % P == 0 && kRowStep % 8 == 0 && Tr::kBlockN % kRowStep == 0, "loader mapping");
+
+  const T* k;  // contiguous: row 0 of (b, g) + this thread's column; paged: pool + g*head + column
+  const T* v;
+  int64_t k_row, v_row, k_page, v_page;
+  const int32_t* table;  // this batch element's block-table row (paged)
+  int log2_page;
+  int r0;          // this thread's first row within a block
+  uint32_t s_off;  // this thread's first chunk within a tile
+
+  __device__ __forceinline__ KVLoader(const Args<T>& a, int b, int g, int tid) {
+    const int col = (tid % P) * 8;
+    r0 = tid / P;
+    s_off = TileKV::offset(r0, tid % P);
+    k_row = a.k_st.row, v_row = a.v_st.row;
+    k_page = a.k_st.batch, v_page = a.v_st.batch;
+    log2_page = a.log2_page;
+    table = kPaged ? a.block_table + static_cast<int64_t>(b) * a.table_stride : nullptr;
+    const int64_t k_base = (kPaged ? 0 : b * a.k_st.batch) + g * a.k_st.head + col;
+    const int64_t v_base = (kPaged ? 0 : b * a.v_st.batch) + g * a.v_st.head + col;
+    k = a.k + k_base;
+    v = a.v + v_base;
+  }
+
+  // Starts copying keys [n0, n0 + kBlockN) into the stage at sK (K) and sV (V).
+  __device__ __forceinline__ void load(uint32_t sK, uint32_t sV, int n0, int L) const {
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int j = n0 + r0 + it * kRowStep;
+      const bool valid = j < L;
+      const T* kr = k;  // a mapped address for the zero-fill of rows past L
+      const T* vr = v;
+      if (valid) {
+        if constexpr (kPaged) {
+          const int64_t page = __ldg(table + (j >> log2_page));
+          const int64_t jj = j & ((1 << log2_page) - 1);
+          kr = k + page * k_page + jj * k_row;
+          vr = v + page * v_page + jj * v_row;
+        } else {
+          kr = k + j * k_row;
+          vr = v + j * v_row;
+        }
+      }
+#pragma unroll
+      for (int panel = 0; panel < kPanels; ++panel) {
+        const uint32_t off = s_off + TileKV::block(it * kRowStep, panel * P);
+        mma::cp_async_16_u32(sK + off, valid ? kr + panel * P * 8 : k, valid);
+        mma::cp_async_16_u32(sV + off, valid ? vr + panel * P * 8 : v, valid);
+      }
+    }
+  }
+};
+
+// Flash-decoding's combine, done by the last CTA of a (batch, kv head, row tile) group to finish
+// instead of by a second kernel (a decode step is a few microseconds; a launch and its drain are
+// a good part of that on short caches):
+//   lse = log sum_s exp(lse_s);  O = sum_s exp(lse_s - lse) O_s    (s in order: deterministic)
+// Every CTA publishes its piece (__threadfence) before counting itself in; the CTA that sees
+// splits - 1 earlier arrivals reads all pieces through L2 (__ldcg: never a stale L1 line) and
+// resets the counter for the next call. The merge is L2-latency bound (it runs after the group's
+// last piece, on the critical path of the step), so every load is independent of the previous
+// one: a warp per row reads the split lses across its lanes, the weights exp(lse_s - lse) go to
+// shared memory, and each thread then sums float4 columns over kUnroll splits at a time.
+template <class Tr, class T>
+__device__ __forceinline__ void merge_splits(const Args<T>& a, unsigned char* smem, int b, int g, int r0, int m_rows) {
+  constexpr int D = Tr::kHeadDim;
+  constexpr int kUnroll = 8;
+  __shared__ int s_last;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  int* counter = a.ws.counters + static_cast<int64_t>(blockIdx.x) * gridDim.z + blockIdx.z;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) s_last = atomicAdd(counter, 1) == a.splits - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  auto row_of = [&](int r) {
+    const int R = r0 + r;
+    return (static_cast<int64_t>(b) * a.H + g * a.group + R / a.S_new) * a.S_new + R % a.S_new;
+  };
+  // Weights [kRows][splits rounded up to kUnroll] in the (free) K/V stages; padding weights are 0.
+  const int ld_w = (a.splits + kUnroll - 1) / kUnroll * kUnroll;
+  float* s_w = reinterpret_cast<float*>(smem);
+  for (int r = warp; r < m_rows; r += Tr::kNWarps) {
+    const int64_t row = row_of(r);
+    float m = -INFINITY;
+    for (int s = lane; s < a.splits; s += 32) m = fmaxf(m, __ldcg(a.ws.lse + s * a.rows_total + row));
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    float sum = 0.f;
+    for (int s = lane; s < ld_w; s += 32) {
+      const float l = s < a.splits ? __ldcg(a.ws.lse + s * a.rows_total + row) : -INFINITY;
+      const float e = (m == -INFINITY || l == -INFINITY) ? 0.f : expf(l - m);
+      s_w[r * ld_w + s] = e;
+      sum += e;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    for (int s = lane; s < ld_w; s += 32) s_w[r * ld_w + s] *= inv;
+    if (lane == 0) a.lse[row] = sum > 0.f ? m + logf(sum) : -INFINITY;
+  }
+  __syncthreads();
+  constexpr int kVec = D / 4;  // float4 columns per row
+  for (int idx = tid; idx < m_rows * kVec; idx += Tr::kThreads) {
+    const int r = idx / kVec, c4 = idx % kVec;
+    const int64_t row = row_of(r);
+    const float* w = s_w + r * ld_w;
+    const float4* src = reinterpret_cast<const float4*>(a.ws.o + row * D) + c4;
+    const int64_t split_step = a.rows_total * kVec;  // float4s between two splits of a row
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s0 = 0; s0 < ld_w; s0 += kUnroll) {
+      float4 v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        v[u] = s0 + u < a.splits ? __ldcg(src + (s0 + u) * split_step) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const float wt = w[s0 + u];
+        o.x = fmaf(wt, v[u].x, o.x);
+        o.y = fmaf(wt, v[u].y, o.y);
+        o.z = fmaf(wt, v[u].z, o.z);
+        o.w = fmaf(wt, v[u].w, o.w);
+      }
+    }
+    const int R = r0 + r, hq = g * a.group + R / a.S_new, i = R % a.S_new;
+    T* dst = a.o + b * a.o_st.batch + hq * a.o_st.head + i * a.o_st.row + 4 * c4;
+    dst[0] = from_float<T>(o.x);
+    dst[1] = from_float<T>(o.y);
+    dst[2] = from_float<T>(o.z);
+    dst[3] = from_float<T>(o.w);
+  }
+  if (tid == 0) *counter = 0;  // ready for the next call (the driver zero-filled it once)
+}
+
+template <class Tr, class T, bool kPaged>
+__global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) decode_kernel(const Args<T> a) {
+  using TileQ = typename Tr::TileQ;
+  using TileKV = typename Tr::TileKV;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((kSmemAlign - (mma::smem_u32(smem_raw) & (kSmemAlign - 1))) & (kSmemAlign - 1));
+  const uint32_t sQ = mma::smem_u32(smem);  // (kRows, kHeadDim)
+  const uint32_t sKV = sQ + TileQ::kBytes;  // kStages x [K (kBlockN, kHeadDim), V (kBlockN, kHeadDim)]
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int b = blockIdx.x / a.H_kv, g = blockIdx.x % a.H_kv, split = blockIdx.y;
+  const int r0 = blockIdx.z * Tr::kRows;
+  const int rows = a.group * a.S_new;
+  const int m_rows = min(Tr::kRows, rows - r0);
+  const int cache_len = a.uniform_len >= 0 ? a.uniform_len : a.cache_seqlens[b];
+  const int L = min(cache_len + a.S_new, a.S_max);
+  const decode::Range blocks = decode::split_range((L + Tr::kBlockN - 1) / Tr::kBlockN, a.splits, split);
+  const int count = blocks.end - blocks.begin;
+
+  float rO[1][Tr::kDTiles][4];  // (kRows, kHeadDim) per warp, over this warp's keys only
+#pragma unroll
+  for (int di = 0; di < Tr::kDTiles; ++di)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) rO[0][di][e] = 0.f;
+  mma::OnlineSoftmax<1, 2> softmax;
+  softmax.init();
+
+  if (count > 0) {
+    // Q tile: packed row R = r0 + r is query head g*G + R / S_new, new token R % S_new; rows past
+    // the group are zero-filled (they compute harmless scores that are never stored).
+    for (int c = tid; c < Tr::kRows * TileQ::kChunks; c += Tr::kThreads) {
+      const int r = c / TileQ::kChunks, ch = c % TileQ::kChunks, R = r0 + r;
+      const bool valid = r < m_rows;
+      const T* src = valid ? a.q + b * a.q_st.batch + (g * a.group + R / a.S_new) * a.q_st.head +
+                                 (R % a.S_new) * a.q_st.row + ch * 8
+                           : a.q;
+      mma::cp_async_16_u32(sQ + TileQ::offset(r, ch), src, valid);
+    }
+    mma::cp_async_commit();
+    const KVLoader<Tr, T, kPaged> loader(a, b, g, tid);
+#pragma unroll
+    for (int s = 0; s < Tr::kStages - 1; ++s) {
+      if (s < count) loader.load(sKV + s * Tr::kStageBytes, sKV + s * Tr::kStageBytes + TileKV::kBytes,
+                                 (blocks.begin + s) * Tr::kBlockN, L);
+      mma::cp_async_commit();
+    }
+
+    // Per-lane ldmatrix addresses: "A" rows lane%16 / chunk half lane/16 (Q, and V with .trans);
+    // "B" rows lane%8 + 8*(lane/16) / chunk half (lane/8)%2 (K as the B operand of Q K^T).
+    const uint32_t q_lane = sQ + TileQ::lane(lane & 15, lane >> 4);
+    const uint32_t k_lane = TileKV::lane((lane & 7) | ((lane >> 4) << 3), (lane >> 3) & 1);
+    const uint32_t v_lane = TileKV::lane(lane & 15, lane >> 4);
+    uint32_t rQ[Tr::kQInRegs ? Tr::kKSteps : 1][4];
+    if constexpr (Tr::kQInRegs) {
+      mma::cp_async_wait<Tr::kStages - 1>();  // the Q group (the first) has landed
+      __syncthreads();
+#pragma unroll
+      for (int kk = 0; kk < Tr::kKSteps; ++kk) mma::ldsm_x4(rQ[kk], TileQ::at(q_lane, 0, 2 * kk));
+    }
+
+    // The first key a row may not see is cache_len + i + 1 >= cache_len + 1: blocks that end at or
+    // below cache_len + 1 need no mask (all but the last one or two of a long cache).
+    const int unmasked_end = cache_len + 1;
+    int stage = 0;
+    for (int n = 0; n < count; ++n) {
+      // Block n has landed and every warp is done with the stage the prefetch below overwrites.
+      mma::cp_async_wait<Tr::kStages - 2>();
+      __syncthreads();
+      const int pf = n + Tr::kStages - 1;
+      if (pf < count) {
+        const int pf_stage = pf % Tr::kStages;
+        loader.load(sKV + pf_stage * Tr::kStageBytes, sKV + pf_stage * Tr::kStageBytes + TileKV::kBytes,
+                    (blocks.begin + pf) * Tr::kBlockN, L);
+      }
+      mma::cp_async_commit();
+
+      const uint32_t sK = sKV + stage * Tr::kStageBytes, sV = sK + TileKV::kBytes;
+      const int n0 = (blocks.begin + n) * Tr::kBlockN;
+      const int w0 = warp * Tr::kWarpKeys;  // this warp's keys within the block
+      // S = Q K_w^T: (kRows, 16) per warp.
+      float rS[1][2][4];
+#pragma unroll
+      for (int ni = 0; ni < 2; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) rS[0][ni][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < Tr::kKSteps; ++kk) {
+        uint32_t qa[4];
+        if constexpr (Tr::kQInRegs) {
+#pragma unroll
+          for (int x = 0; x < 4; ++x) qa[x] = rQ[kk][x];
+        } else {
+          mma::ldsm_x4(qa, TileQ::at(q_lane, 0, 2 * kk));
+        }
+        uint32_t kb[4];
+        mma::ldsm_x4(kb, TileKV::at(sK + k_lane, w0, 2 * kk));
+        const uint32_t b_lo[2] = {kb[0], kb[1]}, b_hi[2] = {kb[2], kb[3]};
+        mma::mma_16816<T>(rS[0][0], qa, b_lo, rS[0][0]);
+        mma::mma_16816<T>(rS[0][1], qa, b_hi, rS[0][1]);
+      }
+      // Scores in log2 units (the softmax then runs with c = 1 whatever the sign of the scale).
+#pragma unroll
+      for (int ni = 0; ni < 2; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) rS[0][ni][e] *= a.scale_log2;
+      if (n0 + Tr::kBlockN > unmasked_end) {
+        // Key j visible to packed row R (new token i = R % S_new) iff j <= cache_len + i (this
+        // also drops the zero-filled rows past L). Lane (g8, t) holds rows g8, g8+8 and keys
+        // 2t, 2t+1 of each n8 tile.
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const int R = r0 + lane / 4 + 8 * rr;
+          const int limit = cache_len + R % a.S_new + 1;
+#pragma unroll
+          for (int ni = 0; ni < 2; ++ni)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int j = n0 + w0 + ni * 8 + 2 * (lane % 4) + e;
+              if (j >= limit) rS[0][ni][2 * rr + e] = -INFINITY;
+            }
+        }
+      }
+      uint32_t rP[1][2][2];
+      softmax.template update<T>(rS, rP, rO, /*c=*/1.f);  // P = 2^(S - m_new), rescale O
+      // O += P V_w: P's accumulator pairs are the A fragment of one k16 step.
+      const uint32_t pa[4] = {rP[0][0][0], rP[0][0][1], rP[0][1][0], rP[0][1][1]};
+#pragma unroll
+      for (int dp = 0; dp < Tr::kDTiles / 2; ++dp) {
+        uint32_t vb[4];
+        mma::ldsm_x4_trans(vb, TileKV::at(sV + v_lane, w0, 2 * dp));
+        const uint32_t b_lo[2] = {vb[0], vb[1]}, b_hi[2] = {vb[2], vb[3]};
+        mma::mma_16816<T>(rO[0][2 * dp], pa, b_lo, rO[0][2 * dp]);
+        mma::mma_16816<T>(rO[0][2 * dp + 1], pa, b_hi, rO[0][2 * dp + 1]);
+      }
+      stage = stage + 1 == Tr::kStages ? 0 : stage + 1;
+    }
+    mma::cp_async_wait<0>();
+  }
+
+  // Merge the warps through shared memory (the K/V stages are free now):
+  //   m = max_w m_w;  l = sum_w 2^(m_w - m) l_w;  O = sum_w 2^(m_w - m) O_w / l
+  __syncthreads();
+  float* fO = reinterpret_cast<float*>(smem + Tr::TileQ::kBytes);  // [kNWarps][kRows][kLdO]
+  float* fM = fO + Tr::kNWarps * Tr::kRows * Tr::kLdO;              // [kNWarps][kRows]
+  float* fL = fM + Tr::kNWarps * Tr::kRows;
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float l = softmax.l_i[0][rr];  // this lane's share of the row sum
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int row = warp * Tr::kRows + lane / 4 + 8 * rr;
+#pragma unroll
+    for (int di = 0; di < Tr::kDTiles; ++di)
+      *reinterpret_cast<float2*>(fO + row * Tr::kLdO + di * 8 + 2 * (lane % 4)) =
+          make_float2(rO[0][di][2 * rr], rO[0][di][2 * rr + 1]);
+    if (lane % 4 == 0) {
+      fM[row] = softmax.m_i[0][rr];
+      fL[row] = l;
+    }
+  }
+  __syncthreads();
+  constexpr int D = Tr::kHeadDim;
+  for (int idx = tid; idx < m_rows * D; idx += Tr::kThreads) {
+    const int r = idx / D, col = idx % D;
+    float m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < Tr::kNWarps; ++w) m = fmaxf(m, fM[w * Tr::kRows + r]);
+    float l = 0.f, o = 0.f;
+    if (m != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < Tr::kNWarps; ++w) {
+        const float mw = fM[w * Tr::kRows + r];
+        const float f = mw == -INFINITY ? 0.f : exp2f(mw - m);
+        l = fmaf(f, fL[w * Tr::kRows + r], l);
+        o = fmaf(f, fO[(w * Tr::kRows + r) * Tr::kLdO + col], o);
+      }
+    }
+    const bool empty = !(l > 0.f);  // an empty split piece, or every key of the piece masked
+    const float out = empty ? 0.f : o / l;
+    const float lse = empty ? -INFINITY : (m + log2f(l)) * mma::kLn2;
+    const int R = r0 + r, hq = g * a.group + R / a.S_new, i = R % a.S_new;
+    const int64_t row = (static_cast<int64_t>(b) * a.H + hq) * a.S_new + i;
+    if (a.splits == 1) {
+      a.o[b * a.o_st.batch + hq * a.o_st.head + i * a.o_st.row + col] = from_float<T>(out);
+      if (col == 0) a.lse[row] = lse;
+    } else {
+      a.ws.o[(split * a.rows_total + row) * D + col] = out;
+      if (col == 0) a.ws.lse[split * a.rows_total + row] = lse;
+    }
+  }
+  if (a.splits > 1) merge_splits<Tr>(a, smem + Tr::TileQ::kBytes, b, g, r0, m_rows);
+}
+
+int row_tiles(const DecodeParams& p) { return (p.H / p.H_kv * p.S_new + 15) / 16; }
+
+int ctas_per_sm(int D) {
+  switch (D) {
+    case 32: return TraitsFor<32>::type::kMinBlocksPerSm;
+    case 64: return TraitsFor<64>::type::kMinBlocksPerSm;
+    case 96: return TraitsFor<96>::type::kMinBlocksPerSm;
+    case 256: return TraitsFor<256>::type::kMinBlocksPerSm;
+    default: return TraitsFor<128>::type::kMinBlocksPerSm;
+  }
+}
+
+int num_splits(const DecodeParams& p) {
+  if (p.num_splits > 0) return p.num_splits;
+  const int blocks = (p.max_seqlen + 63) / 64;
+  const int64_t tiles = static_cast<int64_t>(p.B) * p.H_kv * row_tiles(p);
+  // Few groups (a short batch): each is cut into many pieces and the pieces' merge, done after
+  // the last one on the critical path, grows with their number; one CTA per SM already keeps two
+  // 64-key blocks in flight per SM, and measured B1 H_kv8 S4096/S32768 steps ran 3-6% faster with
+  // ~1 piece per SM than with ~2 (docs/PERF.md).
+  if (tiles * 4 < p.num_sms) {
+    const int want = std::max(1, std::min({p.num_sms / static_cast<int>(tiles), blocks / 2, 128}));
+    const int per = (blocks + want - 1) / want;
+    return (blocks + per - 1) / per;  // the pieces split_range really makes
+  }
+  return decode::choose_splits(tiles, blocks, p.num_sms, ctas_per_sm(p.D), /*min_units=*/2, /*max_splits=*/128);
+}
+
+// One arrival counter per (batch x kv head, row tile) group for the in-kernel merge.
+int64_t merge_groups(const DecodeParams& p) { return static_cast<int64_t>(p.B) * p.H_kv * row_tiles(p); }
+
+size_t workspace_bytes(const DecodeParams& p) { return decode::split_workspace_bytes(p, num_splits(p), merge_groups(p)); }
+
+template <class T, int kHeadDim>
+void launch(const DecodeParams& p, const LaunchContext& ctx) {
+  using Tr = typename TraitsFor<kHeadDim>::type;
+  Args<T> a;
+  a.q = static_cast<const T*>(p.q);
+  a.q_st = p.q_st;
+  a.k = static_cast<const T*>(p.k_cache);
+  a.v = static_cast<const T*>(p.v_cache);
+  a.k_st = p.k_cache_st, a.v_st = p.v_cache_st;
+  a.cache_seqlens = p.cache_seqlens;
+  a.uniform_len = p.uniform_seqlen;
+  a.block_table = p.block_table;
+  a.table_stride = p.block_table_stride;
+  a.log2_page = p.block_table ? decode::log2_exact(p.page_size) : 0;
+  a.o = static_cast<T*>(p.o);
+  a.o_st = p.o_st;
+  a.lse = static_cast<float*>(p.lse);
+  a.H = p.H, a.H_kv = p.H_kv, a.group = p.H / p.H_kv, a.S_new = p.S_new, a.S_max = p.S_max;
+  a.splits = num_splits(p);
+  a.rows_total = static_cast<int64_t>(p.B) * p.H * p.S_new;
+  a.scale_log2 = p.scale_log2;
+  if (a.splits > 1) {
+    if (p.workspace == nullptr || p.workspace_bytes < decode::split_workspace_bytes(p, a.splits, merge_groups(p)))
+      throw RuntimeError("mma decode: workspace smaller than its workspace function asked for");
+    a.ws = decode::split_workspace(p, a.splits, merge_groups(p));
+  }
+  const auto kernel = p.block_table ? &decode_kernel<Tr, T, true> : &decode_kernel<Tr, T, false>;
+  // Once per instantiation: a decode step is a few microseconds, so host calls per launch count.
+  static const bool configured = [&] {
+    CUDA_CHECK(cudaFuncSetAttribute(&decode_kernel<Tr, T, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    Tr::kSmemBytes + kSmemAlign));
+    CUDA_CHECK(cudaFuncSetAttribute(&decode_kernel<Tr, T, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    Tr::kSmemBytes + kSmemAlign));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(static_cast<unsigned>(p.B * p.H_kv), static_cast<unsigned>(a.splits),
+                  static_cast<unsigned>(row_tiles(p)));
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes + kSmemAlign, ctx.stream>>>(a);
+  CHECK_LAUNCH("mma decode_kernel");  // splits > 1: merged in the kernel by each group's last CTA
+}
+
+template <class T>
+void dispatch_head_dim(const DecodeParams& p, const LaunchContext& ctx) {
+  switch (p.D) {
+#ifndef FLASHATTN_ONLY_HDIM128
+    case 32: return launch<T, 32>(p, ctx);
+    case 64: return launch<T, 64>(p, ctx);
+    case 96: return launch<T, 96>(p, ctx);
+    case 256: return launch<T, 256>(p, ctx);
+#endif
+    case 128: return launch<T, 128>(p, ctx);
+    default: throw RuntimeError("mma decode: no variant compiled for head dim " + std::to_string(p.D));
+  }
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+bool strides_ok(const Strides& s) { return s.batch % 8 == 0 && s.head % 8 == 0 && s.row % 8 == 0; }
+
+void run(const DecodeParams& p, const LaunchContext& ctx) {
+  if (static_cast<int64_t>(p.B) * p.H * p.S_new == 0) return;
+  if (p.H_kv <= 0 || p.H % p.H_kv != 0) throw RuntimeError("mma decode: H must be a multiple of H_kv");
+  if (static_cast<int64_t>(p.B) * p.H_kv > 0x7fffffff) throw RuntimeError("mma decode: B * H_kv too large (grid x)");
+  if (num_splits(p) > kMaxSplits || row_tiles(p) > 65535)
+    throw RuntimeError("mma decode: at most " + std::to_string(kMaxSplits) + " splits and 65535 row tiles");
+  if (p.block_table && (p.page_size < 16 || (p.page_size & (p.page_size - 1)) != 0))
+    throw RuntimeError("mma decode: page size must be a power of two >= 16");
+  // cp.async moves 16-byte rows of 8 elements.
+  if (!aligned16(p.q) || !aligned16(p.k_cache) || !aligned16(p.v_cache) || !strides_ok(p.q_st) ||
+      !strides_ok(p.k_cache_st) || !strides_ok(p.v_cache_st))
+    throw RuntimeError("mma decode: q and the caches must be 16-byte aligned with strides a multiple of 8 elements");
+  switch (p.dtype) {
+    case DType::F16: return dispatch_head_dim<__half>(p, ctx);
+    case DType::BF16: return dispatch_head_dim<__nv_bfloat16>(p, ctx);
+    default: throw RuntimeError(std::string("mma decode: no variant compiled for dtype ") + dtype_name(p.dtype));
+  }
+}
+
+KernelMode make_entry() {
+  KernelMode m;
+  m.kernel = "mma";
+  m.mode = Mode::Decode;
+  m.summary = "flash-decoding with mma.sync: GQA rows packed in one m16 tile, cp.async K/V stream, split-K + lse combine";
+  m.rung = 7;
+  m.gpu = true;
+  m.min_sm = 80;
+  m.dtypes = dtype_bit(DType::F16) | dtype_bit(DType::BF16);
+#ifdef FLASHATTN_ONLY_HDIM128
+  m.head_dims = {128};
+#else
+  m.head_dims = {32, 64, 96, 128, 256};
+#endif
+  m.features = kFeatGQA | kFeatPadding | kFeatPaged;
+  m.uses_atomics = false;
+  m.dec = &run;
+  m.dec_workspace = &workspace_bytes;
+  m.dec_splits = &num_splits;
+  return m;
+}
+
+}  // namespace mma_dec
+}  // namespace flashattn
+
+FLASHATTN_REGISTER_KERNEL_MODE(mma_decode, flashattn::mma_dec::make_entry)

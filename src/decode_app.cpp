@@ -1,0 +1,396 @@
+#include "decode_app.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+
+#include "ceilings.h"
+#include "decode_data.h"
+#include "decode_sim.h"
+#include "device_info.h"
+#include "flashattn/error.h"
+#include "flashattn/registry.h"
+#include "nonfinite.h"
+#include "npy.h"
+#include "report.h"
+
+namespace flashattn {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+struct Printer {
+  bool quiet = false;
+  FILE* human = stdout;
+  void note(const std::string& s) const {
+    if (!quiet) std::fprintf(stderr, "note: %s\n", s.c_str());
+  }
+  void print(const std::string& s) const {
+    std::fputs(s.c_str(), human);
+    std::fflush(human);
+  }
+};
+
+std::string decode_kernel_names() {
+  std::string s;
+  for (const KernelMode* e : Registry::entries())
+    if (e->mode == Mode::Decode) s += (s.empty() ? "" : ", ") + e->kernel;
+  return s;
+}
+
+void check_options(const AppOptions& opt) {
+  if (!opt.sweep.empty()) throw InputError("--sweep: not available with --mode decode");
+  if (opt.dry_run) throw InputError("--dry-run: only with --sweep");
+  if (opt.data.empty()) throw InputError("--data: a decode data directory is required (see data/README.md)");
+  if (opt.compute.empty())
+    throw InputError("--compute: name at least one kernel (decode kernels: " + decode_kernel_names() + ")");
+  if (!opt.window.empty())
+    throw InputError("--window: not available in decode mode (a step is causal within each batch element's length)");
+  if (!opt.layout.empty() && opt.layout != "bhsd") throw InputError("--layout: decode directories are bhsd");
+  if (opt.splits < 0) throw InputError("--splits: must be >= 0 (0: the kernel chooses)");
+  if (opt.splits > 65535) throw InputError("--splits: at most 65535");
+  if (opt.steps < 0) throw InputError("--steps: must be >= 0");
+  if (opt.prompt_len < 0) throw InputError("--prompt-len: must be >= 0");
+  if (opt.prompt_len > 0 && opt.steps == 0) throw InputError("--prompt-len: only with --steps");
+  if (opt.steps > 0 && opt.write_cache) throw InputError("--write-cache: not with --steps (the simulation writes no outputs)");
+  if (opt.write_cache && opt.no_write) throw InputError("--write-cache: conflicts with --no-write");
+  if (opt.threads < 0) throw InputError("--threads: must be >= 0");
+  if (opt.scale && !(std::isfinite(*opt.scale) && *opt.scale > 0)) throw InputError("--scale: must be a positive finite number");
+  if (opt.device < 0) throw InputError("--device: must be >= 0");
+  if (opt.no_write && !opt.out.empty()) throw InputError("--out: conflicts with --no-write (which writes no outputs)");
+  if (!opt.json.empty() && opt.json != "-") {
+    std::error_code ec;
+    if (fs::is_directory(opt.json, ec)) throw InputError("--json: " + opt.json + " is a directory");
+    const fs::path parent = fs::absolute(fs::path(opt.json), ec).parent_path();
+    if (!fs::is_directory(parent, ec)) throw InputError("--json: " + opt.json + ": " + parent.string() + " is not a directory");
+    if (::access(parent.c_str(), W_OK | X_OK) != 0)
+      throw InputError("--json: " + opt.json + ": cannot write into " + parent.string() + " (" + std::strerror(errno) + ")");
+  }
+}
+
+std::vector<const KernelMode*> plan_kernels(const AppOptions& opt, bool* all) {
+  *all = opt.compute.size() == 1 && opt.compute[0] == "all";
+  std::vector<const KernelMode*> plan;
+  if (*all) {
+    for (const KernelMode* e : Registry::entries())
+      if (e->mode == Mode::Decode) plan.push_back(e);
+    return plan;
+  }
+  for (const std::string& k : opt.compute) {
+    if (k == "all") throw InputError("--compute: 'all' cannot be combined with kernel names");
+    const KernelMode* e = Registry::find(k, Mode::Decode);
+    if (!e) {
+      bool known = false;
+      for (int m = 0; m < kNumModes; ++m) known = known || Registry::find(k, static_cast<Mode>(m));
+      if (!known) throw InputError("--compute: unknown kernel '" + k + "'");
+      throw InputError("kernel '" + k + "' has no decode pass (decode kernels: " + decode_kernel_names() + ")");
+    }
+    if (std::find(plan.begin(), plan.end(), e) == plan.end()) plan.push_back(e);
+  }
+  return plan;
+}
+
+json lengths_json(const DecodeInputs& in) {
+  const std::vector<int> L = decode_lengths(in.cache_seqlens, in.dims.S_new);
+  std::vector<int> c(in.cache_seqlens.data<int32_t>(), in.cache_seqlens.data<int32_t>() + in.dims.B);
+  double sum = 0;
+  for (int l : L) sum += l;
+  return {{"cache_seqlens", c},
+          {"kv_lengths", {{"min", *std::min_element(L.begin(), L.end())},
+                          {"max", *std::max_element(L.begin(), L.end())},
+                          {"mean", sum / double(L.size())}}}};
+}
+
+std::string fraction_str(double gbps, double ref, const char* kind) {
+  if (!(ref > 0)) return "";
+  return fmt::format(" ({:.1f}% of {} {:.0f} GB/s)", 100 * gbps / ref, std::string(kind) == "copy" ? "copy" : "DRAM peak", ref);
+}
+
+}  // namespace
+
+json decode_json(const DecodeRecord& r, const DecodeInputs& in, int splits_option, double ref_gbps, const char* ref_kind) {
+  const DecodeDims& d = in.dims;
+  json j = lengths_json(in);
+  j["S_new"] = d.S_new;
+  j["S_max"] = d.S_max;
+  j["paged"] = d.paged();
+  j["page_size"] = d.page_size;
+  j["num_blocks"] = d.num_blocks;
+  j["max_blocks"] = d.max_blocks;
+  j["splits"] = r.splits;
+  j["splits_forced"] = splits_option > 0;
+  j["kv_bytes"] = r.kv_bytes;
+  const double step_ms = r.run.timing.median_ms, attend_ms = r.attend.median_ms;
+  auto rate = [&](double ms) { return ms > 0 ? r.kv_bytes / (ms * 1e-3) / 1e9 : 0.0; };
+  auto frac = [&](double ms) { return ref_gbps > 0 && ms > 0 ? json(rate(ms) / ref_gbps) : json(nullptr); };
+  j["step"] = {{"median_ms", step_ms}, {"gbps", rate(step_ms)}, {"bandwidth_fraction", frac(step_ms)},
+               {"what", "update-cache kernel + attention (+ split merge)"}};
+  if (!r.attend.samples_ms.empty())
+    j["attention"] = {{"median_ms", attend_ms}, {"gbps", rate(attend_ms)}, {"bandwidth_fraction", frac(attend_ms)},
+                      {"timing", timing_json(r.attend, -1, -1)}};
+  j["bandwidth_reference"] = {{"kind", ref_kind}, {"gbps", ref_gbps > 0 ? json(ref_gbps) : json(nullptr)}};
+  j["cache_check"] = r.cache_checked ? json({{"performed", true}, {"mismatches", r.cache_mismatches}}) : json(nullptr);
+  return j;
+}
+
+int run_decode(const AppOptions& opt) {
+  check_options(opt);
+  Printer con;
+  con.quiet = opt.quiet;
+  if (opt.json == "-") con.human = stderr;
+  const std::string started = iso8601_now();
+  bool all = false;
+  const std::vector<const KernelMode*> plan = plan_kernels(opt, &all);
+  if (!opt.baseline.empty() &&
+      std::none_of(plan.begin(), plan.end(), [&](const KernelMode* e) { return e->kernel == opt.baseline; }))
+    throw InputError("--baseline: '" + opt.baseline + "' is not one of the kernels run (--compute)");
+
+  if (!is_decode_dir(opt.data)) {
+    std::error_code ec;
+    if (!fs::is_directory(opt.data, ec)) throw InputError(opt.data + ": no such directory");
+    throw InputError(opt.data + ": not a decode directory (no K_cache.npy or K_cache.bin; see data/README.md)");
+  }
+  DecodeDataset ds = load_decode_dataset(opt.data);
+  std::vector<std::string> notes = ds.notices;
+  auto out_dir_for = [&](const std::string& k) {
+    if (opt.out.empty()) return (fs::path(opt.data) / "out" / k).string();
+    return plan.size() == 1 ? opt.out : (fs::path(opt.out) / k).string();
+  };
+  if (!opt.no_write && opt.steps == 0) {
+    for (const KernelMode* e : plan) {
+      const std::string dir = out_dir_for(e->kernel);
+      std::error_code ec1, ec2;
+      if (fs::weakly_canonical(dir, ec1) == fs::weakly_canonical(opt.data, ec2))
+        throw InputError("--out: " + dir + " is the input directory; outputs go to a directory of their own");
+      OutputWriter::check_writable(dir);
+    }
+  }
+
+  DType dtype = ds.dtype == DType::F64 ? DType::F32 : ds.dtype;
+  if (!opt.dtype.empty() && (!parse_dtype(opt.dtype, &dtype) || !dtype_is_float(dtype) || dtype == DType::F64))
+    throw InputError("--dtype: '" + opt.dtype + "' is not one of fp32, fp16, bf16 (decode kernels)");
+  if (dtype != ds.dtype)
+    notes.push_back(fmt::format("inputs are {}; computing in {} (converted once, round to nearest)", dtype_name(ds.dtype),
+                                dtype_name(dtype)));
+  DecodeInputs in;
+  in.dims = ds.dims;
+  in.dtype = dtype;
+  in.scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(double(ds.dims.D));
+  in.q = convert(ds.q, dtype);
+  in.k_new = convert(ds.k_new, dtype);
+  in.v_new = convert(ds.v_new, dtype);
+  in.k_cache = convert(ds.k_cache, dtype);
+  in.v_cache = convert(ds.v_cache, dtype);
+  in.cache_seqlens = ds.cache_seqlens;
+  in.block_table = ds.block_table;
+  ds.q = ds.k_new = ds.v_new = ds.k_cache = ds.v_cache = HostArray();  // only the converted copies are used
+  if (opt.steps == 0) {
+    // Cache rows past cache_seqlens are never read, so only the new tokens are scanned.
+    const std::pair<const char*, const HostArray*> scanned[] = {{"q", &in.q}, {"k_new", &in.k_new}, {"v_new", &in.v_new}};
+    for (const auto& a : scanned) {
+      const NonFiniteCount c = scan_nonfinite(*a.second);
+      if (c.total() == 0) continue;
+      const std::string what = (fs::path(ds.dir) / (std::string(a.first) + (ds.format == FileFormat::Npy ? ".npy" : ".bin"))).string() +
+                               ": " + describe_nonfinite(c, a.second->shape) + (dtype != ds.dtype ? " (after conversion)" : "");
+      if (!opt.allow_nonfinite) throw InputError(what + "; pass --allow-nonfinite to run anyway");
+      notes.push_back(what + "; running anyway (--allow-nonfinite)");
+    }
+  }
+
+  std::string no_device;
+  const int n_dev = cuda_device_count(&no_device);
+  int device = -1;
+  if (n_dev > 0) {
+    if (opt.device >= n_dev)
+      throw InputError(fmt::format("--device: {} is out of range ({} CUDA device{} present)", opt.device, n_dev, n_dev == 1 ? "" : "s"));
+    device = opt.device;
+  }
+  const int sm = device >= 0 ? query_device(device).sm() : 0;
+  TimingOptions timing = timing_options(opt);
+  DecodeSimOptions so;
+  so.device = device, so.timing = timing, so.steps = opt.steps, so.prompt_len = opt.prompt_len, so.seed = opt.seed;
+  so.splits = opt.splits, so.check = opt.check, so.cpu_threads = opt.threads;
+  std::vector<std::string> skip(plan.size());
+  for (size_t k = 0; k < plan.size(); ++k) {
+    const KernelMode& e = *plan[k];
+    std::string why = opt.steps > 0 ? decode_sim_unsupported(e, in, so, device >= 0 ? sm : std::max(e.min_sm, 1))
+                                    : decode_why_unsupported(e, in.dims, dtype, device >= 0 ? sm : std::max(e.min_sm, 1));
+    if (why.empty() && device < 0) why = "kernel '" + e.kernel + "' needs a GPU: " + no_device;
+    if (!why.empty() && !all) throw InputError(why);
+    skip[k] = why;
+  }
+  for (const std::string& n : notes) con.note(n);
+
+  ReportHeader hdr;
+  std::optional<DeviceInfo> dev;
+  if (device >= 0) dev = query_device(device);
+  hdr.command_line = opt.command_line;
+  hdr.started_at = started;
+  hdr.device = dev ? &*dev : nullptr;
+  hdr.no_device_reason = no_device;
+  hdr.data_dir = opt.data;
+  hdr.data_format = format_name(ds.format);
+  hdr.input_dtype = dtype_name(ds.dtype);
+  hdr.problem.dims = Dims{in.dims.B, in.dims.H, in.dims.H_kv, in.dims.S_new, in.dims.S_max, in.dims.D};
+  hdr.problem.dtype = dtype;
+  hdr.problem.layout = Layout::BHSD;
+  hdr.problem.scale = in.scale;
+  hdr.problem.causal = true;
+  hdr.problem.has_padding = true;
+  hdr.has_seqlens = true;
+  hdr.timing = timing;
+  hdr.cpu_threads = opt.threads;
+  if (dev) {
+    hdr.sm_clock_start_mhz = nvml_sm_clock_mhz(*dev);
+    hdr.other_processes = nvml_other_processes(*dev);
+    if (hdr.other_processes > 0) {
+      hdr.warnings.push_back(fmt::format("{} other process(es) are using GPU {}: timings may be disturbed", hdr.other_processes, device));
+      con.note(hdr.warnings.back());
+    }
+  }
+  double ref_gbps = dev ? dev->peak_dram_gbps : 0;
+  const char* ref_kind = "dram_peak";
+  if (opt.ceilings && dev) {
+    const Ceilings c = measure_ceilings(device, timing);
+    hdr.ceilings = ceilings_json(c);
+    ref_gbps = c.copy_gbps;
+    ref_kind = "copy";
+  }
+
+  if (!opt.quiet) {
+    const std::vector<int> L = decode_lengths(in.cache_seqlens, in.dims.S_new);
+    std::string title = fmt::format("decode B={} H={} H_kv={} S_new={} D={} S_max={} kv lengths {}..{} {}", in.dims.B,
+                                    in.dims.H, in.dims.H_kv, in.dims.S_new, in.dims.D, in.dims.S_max,
+                                    *std::min_element(L.begin(), L.end()), *std::max_element(L.begin(), L.end()),
+                                    dtype_name(dtype));
+    if (in.dims.paged()) title += fmt::format(" paged({}x{})", in.dims.num_blocks, in.dims.page_size);
+    if (opt.steps > 0) title += fmt::format(" --steps {}", opt.steps);
+    title += dev ? fmt::format("  on {} (sm_{})", dev->name, dev->sm()) : "  (no GPU)";
+    con.print(title + "\n");
+  }
+
+  std::vector<RunRecord> records;
+  std::vector<json> extras;  // the "decode" object of each record
+  std::vector<DecodeRecord> decoded;
+  std::vector<std::string> lines;
+  bool any_failed = false, any_check_failed = false;
+  std::unique_ptr<DecodeSession> session;
+  for (size_t k = 0; k < plan.size(); ++k) {
+    const KernelMode& e = *plan[k];
+    auto skipped = [&](const std::string& status, const std::string& reason) {
+      RunRecord r;
+      r.kernel = e.kernel, r.mode = Mode::Decode, r.gpu = e.gpu, r.status = status, r.reason = reason;
+      records.push_back(r);
+      extras.push_back(nullptr);
+      decoded.emplace_back();
+    };
+    if (!skip[k].empty()) {
+      skipped("skipped", skip[k]);
+      continue;
+    }
+    try {
+      if (opt.steps > 0) {
+        DecodeSimResult s = simulate_decode(e, in, so);
+        DecodeRecord dr;
+        dr.run = s.run;
+        json x = lengths_json(in);
+        x["S_new"] = in.dims.S_new, x["S_max"] = in.dims.S_max, x["paged"] = in.dims.paged(), x["page_size"] = in.dims.page_size;
+        x["simulation"] = s.sim;
+        if (s.run.check.performed && !s.run.check.passed) any_check_failed = true;
+        records.push_back(s.run);
+        extras.push_back(x);
+        decoded.push_back(std::move(dr));
+        lines.push_back("  " + s.summary);
+        continue;
+      }
+      if (!session) {
+        DecodeOptions dopt;
+        dopt.device = device, dopt.timing = timing, dopt.check = opt.check, dopt.cpu_threads = opt.threads;
+        dopt.seed = opt.seed, dopt.splits = opt.splits, dopt.keep_caches = opt.write_cache && !opt.no_write;
+        session = std::make_unique<DecodeSession>(std::move(in), dopt);  // the caches can be GBs: no copy
+      }
+      DecodeRecord dr = session->run(e);
+      if (dr.run.check.performed && !dr.run.check.passed) any_check_failed = true;
+      const double step_gbps = dr.run.gbps;
+      const double attend_gbps = dr.attend.median_ms > 0 ? dr.kv_bytes / (dr.attend.median_ms * 1e-3) / 1e9 : 0;
+      std::string line = fmt::format("  decode {}: splits {}{}, K+V {:.1f} MB; step (update + attention) {:.4f} ms {:.0f} GB/s{}",
+                                     e.kernel, dr.splits, opt.splits > 0 ? " (forced)" : "", dr.kv_bytes / 1e6,
+                                     dr.run.timing.median_ms, step_gbps, fraction_str(step_gbps, ref_gbps, ref_kind));
+      if (dr.attend.median_ms > 0)
+        line += fmt::format("; attention alone {:.4f} ms {:.0f} GB/s{}", dr.attend.median_ms, attend_gbps,
+                            fraction_str(attend_gbps, ref_gbps, ref_kind));
+      lines.push_back(line);
+      records.push_back(dr.run);
+      extras.push_back(decode_json(dr, session->inputs(), opt.splits, ref_gbps, ref_kind));
+      decoded.push_back(std::move(dr));
+    } catch (const InputError& err) {
+      if (!all) throw;
+      skipped("skipped", err.what());
+    } catch (const RuntimeError& err) {
+      std::fprintf(stderr, "error: %s\n", err.what());
+      skipped("failed", err.what());
+      any_failed = true;
+    }
+  }
+  if (hdr.device) hdr.sm_clock_end_mhz = nvml_sm_clock_mhz(*hdr.device);
+
+  auto document = [&](const std::vector<size_t>& which) {
+    std::vector<RunRecord> runs;
+    for (size_t k : which) runs.push_back(records[k]);
+    json doc = session_json(hdr, runs);
+    doc["data"]["kind"] = "decode";
+    for (size_t n = 0; n < which.size(); ++n)
+      if (!extras[which[n]].is_null()) doc["runs"][n]["decode"] = extras[which[n]];
+    return doc;
+  };
+
+  if (!opt.no_write && opt.steps == 0) {
+    for (size_t k = 0; k < records.size(); ++k) {
+      if (records[k].status != "ok") continue;
+      const std::string dir = out_dir_for(records[k].kernel);
+      OutputWriter w(dir, ds.format, Layout::BHSD, ds.input_paths);
+      const KernelOutputs& o = records[k].outputs;
+      if (o.o) w.add("O", *o.o);
+      if (o.lse) w.add("lse", *o.lse);
+      if (decoded[k].k_cache) w.add("K_cache", *decoded[k].k_cache);
+      if (decoded[k].v_cache) w.add("V_cache", *decoded[k].v_cache);
+      w.add_file("timing.json", document({k}).dump(2) + "\n");
+      w.finish();
+      if (!opt.quiet) con.note("wrote " + dir);
+    }
+  }
+
+  std::string baseline = opt.baseline;
+  if (baseline.empty())
+    for (const RunRecord& r : records)
+      if (baseline.empty() && r.status == "ok") baseline = r.kernel;
+  if (!opt.quiet || opt.json != "-") {
+    con.print(render_table(records, baseline, opt.check));
+    for (const std::string& l : lines) con.print(l + "\n");
+    if (opt.steps == 0) con.print("  (GB/s: K+V bytes read, sum_b L_b * H_kv * D * 2 * itemsize, over the median time)\n");
+    for (const RunRecord& r : records)
+      if (r.check.performed && (!opt.quiet || !r.check.passed)) con.print(render_check(r));
+  }
+  if (!opt.json.empty()) {
+    std::vector<size_t> every(records.size());
+    for (size_t k = 0; k < every.size(); ++k) every[k] = k;
+    const std::string text = document(every).dump(2) + "\n";
+    if (opt.json == "-") std::fputs(text.c_str(), stdout);
+    else write_file_atomic(opt.json, text.data(), text.size());
+  }
+  if (any_failed) return kExitRuntime;
+  if (any_check_failed) return kExitValidation;
+  return kExitOk;
+}
+
+}  // namespace flashattn

@@ -1,0 +1,299 @@
+// Running a --sweep: one Session per grid point on inputs generated from --seed, every kernel x
+// mode of the point, skips and failures recorded without stopping, progress on stderr, and the
+// results as one session document (--json FILE.json or -) or one document per point (FILE.jsonl,
+// written as each point finishes).
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "ceilings.h"
+#include "flashattn/error.h"
+#include "flashattn/registry.h"
+#include "npy.h"
+#include "report.h"
+#include "run.h"
+#include "sweep.h"
+
+namespace flashattn {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string duration_str(double sec) {
+  const long s = std::lround(std::max(0.0, sec));
+  if (s < 60) return fmt::format("{}s", s);
+  if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}h{:02}m", s / 3600, (s % 3600) / 60);
+}
+
+std::string point_title(const Problem& p) {
+  const Dims& d = p.dims;
+  std::string t = fmt::format("B{} H{}", d.B, d.H);
+  if (d.H_kv != d.H) t += fmt::format("/{}", d.H_kv);
+  t += d.S_q == d.S_k ? fmt::format(" S{}", d.S_q) : fmt::format(" S{}x{}", d.S_q, d.S_k);
+  t += fmt::format(" D{} {}", d.D, dtype_name(p.dtype));
+  if (p.causal) t += " causal";
+  return t;
+}
+
+std::string run_summary(const RunRecord& r) {
+  const std::string who = fmt::format("{} {}", r.kernel, r.mode == Mode::Forward ? "fwd" : "bwd");
+  if (r.status != "ok") return fmt::format("{} {}", who, r.status);
+  return fmt::format("{} {:.3g} ms {:.1f} TFLOP/s{}", who, r.timing.median_ms, r.tflops,
+                     r.timing.noise_rule == 0 ? " (noisy)" : "");
+}
+
+// Every GPU kernel (`--compute all` in a sweep; the cpu kernel only when named).
+std::vector<std::string> gpu_kernels() {
+  std::vector<std::string> out;
+  for (const std::string& k : Registry::kernel_names())
+    for (int m = 0; m < kNumModes; ++m) {
+      const KernelMode* e = Registry::find(k, static_cast<Mode>(m));
+      if (e && e->gpu) {
+        out.push_back(k);
+        break;
+      }
+    }
+  return out;
+}
+
+RunRecord unrun(const std::string& kernel, Mode m, bool gpu, const std::string& status, const std::string& reason) {
+  RunRecord r;
+  r.kernel = kernel, r.mode = m, r.gpu = gpu, r.status = status, r.reason = reason;
+  return r;
+}
+
+}  // namespace
+
+int run_sweep(const AppOptions& opt) {
+  if (!opt.data.empty()) throw InputError("--sweep: generates its inputs from --seed; drop --data");
+  if (!opt.out.empty()) throw InputError("--sweep: writes no data files; drop --out");
+  SweepDefaults cli;
+  cli.dtype = opt.dtype;
+  cli.mode = opt.mode;
+  cli.causal = opt.causal;
+  const bool all = opt.compute.size() == 1 && opt.compute[0] == "all";
+  cli.kernels = all ? gpu_kernels() : opt.compute;
+  const SweepGrid grid = load_sweep(opt.sweep, cli);
+  if (opt.dry_run) {
+    // One point per line: readable, and still a preset file that --sweep accepts.
+    const json g = sweep_grid_json(grid);
+    std::string text = "{\"name\": " + g["name"].dump() + ",\n \"points\": [\n";
+    for (size_t i = 0; i < g["points"].size(); ++i)
+      text += "  " + g["points"][i].dump() + (i + 1 < g["points"].size() ? ",\n" : "\n");
+    std::fputs((text + "]}\n").c_str(), stdout);
+    return kExitOk;
+  }
+  for (const SweepPoint& p : grid.points) {
+    if (p.kernels.empty()) throw InputError("--sweep: name the kernels with --compute (or \"kernels\" in the preset)");
+    for (const std::string& k : p.kernels) {
+      bool known = false;
+      for (int m = 0; m < kNumModes; ++m) known = known || Registry::find(k, static_cast<Mode>(m));
+      if (!known) throw InputError("--compute: unknown kernel '" + k + "'");
+    }
+  }
+  const TimingOptions timing = timing_options(opt);
+  int window_left = -1, window_right = -1;
+  if (!opt.window.empty()) {
+    if (std::sscanf(opt.window.c_str(), "%d,%d", &window_left, &window_right) != 2 || window_left < -1 || window_right < -1)
+      throw InputError("--window: '" + opt.window + "' is not LEFT,RIGHT with integers >= -1 (-1 = unbounded)");
+  }
+  Layout layout = Layout::BHSD;
+  if (opt.layout == "bshd") layout = Layout::BSHD;
+  else if (!opt.layout.empty() && opt.layout != "bhsd") throw InputError("--layout: '" + opt.layout + "' is not bhsd or bshd");
+
+  // Device: GPU kernels of a machine without one are recorded as skipped, like `--compute all`.
+  std::string no_device;
+  const int n_dev = cuda_device_count(&no_device);
+  int device = -1;
+  if (n_dev > 0) {
+    if (opt.device < 0 || opt.device >= n_dev) throw InputError(fmt::format("--device: {} is out of range", opt.device));
+    device = opt.device;
+  }
+  std::unique_ptr<DeviceInfo> info;
+  if (device >= 0) info = std::make_unique<DeviceInfo>(query_device(device));
+  if (device < 0) {  // a sweep of GPU kernels only cannot run here at all: a usage error
+    bool any_host = false;
+    for (const SweepPoint& p : grid.points)
+      for (const std::string& k : p.kernels)
+        for (int m = 0; m < kNumModes; ++m) {
+          const KernelMode* e = Registry::find(k, static_cast<Mode>(m));
+          any_host = any_host || (e && !e->gpu);
+        }
+    if (!any_host) throw InputError("--sweep: the kernels need a GPU: " + no_device + " (the cpu kernel still runs)");
+  }
+
+  const bool jsonl = ends_with(opt.json, ".jsonl");
+  if (!opt.json.empty() && opt.json != "-" && !jsonl) {  // written at the end: refuse a bad path now
+    const fs::path parent = fs::absolute(fs::path(opt.json)).parent_path();
+    if (fs::is_directory(opt.json) || !fs::is_directory(parent) || ::access(parent.c_str(), W_OK | X_OK) != 0)
+      throw InputError("--json: " + opt.json + ": cannot write there");
+  }
+  std::ofstream lines;
+  if (jsonl) {
+    lines.open(opt.json, std::ios::trunc);
+    if (!lines) throw InputError("--json: " + opt.json + ": cannot open for writing");
+  }
+  FILE* human = opt.json == "-" ? stderr : stdout;
+
+  ReportHeader base;
+  base.command_line = opt.command_line;
+  base.started_at = iso8601_now();
+  base.device = info.get();
+  base.no_device_reason = no_device;
+  base.timing = timing;
+  base.cpu_threads = opt.threads;
+  base.data_format = "generated";
+  if (info) {
+    base.sm_clock_start_mhz = nvml_sm_clock_mhz(*info);
+    base.other_processes = nvml_other_processes(*info);
+    if (base.other_processes > 0) {
+      base.warnings.push_back(fmt::format("{} other process(es) are using GPU {}: timings may be disturbed",
+                                          base.other_processes, device));
+      if (!opt.quiet) std::fprintf(stderr, "warning: %s\n", base.warnings.back().c_str());
+    }
+  }
+  if (opt.ceilings) {
+    if (!info) throw InputError("--ceilings: needs a GPU: " + no_device);
+    base.ceilings = ceilings_json(measure_ceilings(device, timing));
+  }
+
+  size_t total_runs = 0, done_runs = 0;
+  for (const SweepPoint& p : grid.points) total_runs += p.kernels.size() * p.modes.size();
+  const auto t0 = std::chrono::steady_clock::now();
+  json all_runs = json::array();
+  std::vector<std::string> table;
+  bool any_failed = false, any_check_failed = false;
+
+  for (size_t i = 0; i < grid.points.size(); ++i) {
+    const SweepPoint& pt = grid.points[i];
+    Problem prob;
+    prob.dims = pt.dims;
+    prob.dtype = pt.dtype;
+    prob.layout = layout;
+    prob.scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(double(pt.dims.D));
+    prob.causal = pt.causal;
+    prob.window_left = window_left;
+    prob.window_right = window_right;
+
+    // Plan: what runs, and what is skipped with its reason.
+    std::vector<RunRecord> records;
+    std::vector<std::pair<const KernelMode*, size_t>> planned;  // entry, index into records
+    for (const std::string& k : pt.kernels) {
+      for (Mode m : pt.modes) {
+        const KernelMode* e = Registry::find(k, m);
+        if (!e) {
+          records.push_back(unrun(k, m, true, "skipped", fmt::format("kernel '{}' has no {} pass", k, mode_name(m))));
+          continue;
+        }
+        std::string why = e->gpu && device < 0 ? "no GPU: " + no_device : why_unsupported(*e, prob, info ? info->sm() : 0);
+        records.push_back(unrun(k, m, e->gpu, why.empty() ? "ok" : "skipped", why));
+        if (why.empty()) planned.emplace_back(e, records.size() - 1);
+      }
+    }
+    if (!planned.empty()) {
+      SessionOptions so;
+      so.device = device;
+      so.timing = timing;
+      so.cpu_timing = timing;
+      so.cpu_timing.warmup = std::min(timing.warmup, 1);
+      so.cpu_timing.repeat = std::min(timing.repeat, 3);
+      so.check = opt.check;
+      so.deterministic = opt.deterministic;
+      so.cpu_threads = opt.threads;
+      so.seed = opt.seed;
+      RunInputs in;
+      in.problem = prob;
+      in.generate_seed = opt.seed;
+      try {
+        Session session(std::move(in), so);
+        for (const auto& [e, idx] : planned) {
+          try {
+            records[idx] = session.run(*e);
+            if (records[idx].check.performed && !records[idx].check.passed) any_check_failed = true;
+          } catch (const InputError& err) {  // e.g. does not fit in GPU memory
+            records[idx] = unrun(e->kernel, e->mode, e->gpu, "skipped", err.what());
+          } catch (const RuntimeError& err) {
+            // An allocation the memory estimate missed is "does not fit", not a failure (and
+            // not sticky: the sweep goes on).
+            const std::string what = err.what();
+            const bool oom = what.find("cudaErrorMemoryAllocation") != std::string::npos;
+            records[idx] = unrun(e->kernel, e->mode, e->gpu, oom ? "skipped" : "failed",
+                                 oom ? "does not fit in GPU memory: " + what : what);
+            any_failed = any_failed || !oom;
+          }
+        }
+      } catch (const Error& err) {  // the session itself (stream, flush buffer) could not be set up
+        const bool input = dynamic_cast<const InputError*>(&err) != nullptr;
+        for (const auto& [e, idx] : planned)
+          records[idx] = unrun(e->kernel, e->mode, e->gpu, input ? "skipped" : "failed", err.what());
+        any_failed = any_failed || !input;
+      }
+    }
+
+    ReportHeader hdr = base;
+    hdr.problem = prob;
+    if (i > 0) hdr.ceilings = json();  // measured once: in the first document
+    if (info) hdr.sm_clock_end_mhz = nvml_sm_clock_mhz(*info);
+    const json gen = {{"generated", "normal(0, 1)"}, {"where", device >= 0 ? "device" : "host"}, {"seed", opt.seed}};
+    if (jsonl) {
+      json doc = session_json(hdr, records);
+      doc["data"] = gen;
+      doc["sweep"] = {{"name", grid.name}, {"point", i + 1}, {"points", grid.points.size()}};
+      lines << doc.dump() << "\n";
+      lines.flush();
+    } else {
+      for (const RunRecord& r : records) all_runs.push_back(run_json(hdr, r));
+    }
+
+    done_runs += pt.kernels.size() * pt.modes.size();
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::string line = fmt::format("[{:>{}}/{}] {}:", i + 1, std::to_string(grid.points.size()).size(),
+                                   grid.points.size(), point_title(prob));
+    for (size_t r = 0; r < records.size(); ++r) line += (r ? ", " : " ") + run_summary(records[r]);
+    const double eta = done_runs ? elapsed * double(total_runs - done_runs) / double(done_runs) : 0;
+    line += fmt::format(" | {} elapsed, ETA {}", duration_str(elapsed), duration_str(eta));
+    if (!opt.quiet) std::fprintf(stderr, "%s\n", line.c_str());
+    for (const RunRecord& r : records) {
+      const std::string res = r.status == "ok"
+          ? fmt::format("{:>10.4f} {:>9.2f} {:>10.1f}", r.timing.median_ms, r.tflops, r.memory.peak_bytes / 1048576.0)
+          : fmt::format("{}: {}", r.status, r.reason);
+      table.push_back(fmt::format("{:<32} {:<10} {:<8} {}", point_title(prob), r.kernel, mode_name(r.mode), res));
+    }
+  }
+
+  if (!opt.json.empty() && !jsonl) {
+    ReportHeader hdr = base;
+    if (info) hdr.sm_clock_end_mhz = nvml_sm_clock_mhz(*info);
+    json doc = session_json(hdr, {});
+    doc["runs"] = all_runs;
+    doc["data"] = {{"generated", "normal(0, 1)"}, {"where", device >= 0 ? "device" : "host"}, {"seed", opt.seed}};
+    doc["sweep"] = {{"name", grid.name}, {"points", grid.points.size()}};
+    const std::string text = doc.dump(2) + "\n";
+    if (opt.json == "-") std::fputs(text.c_str(), stdout);
+    else write_file_atomic(opt.json, text.data(), text.size());
+  }
+  if (opt.json.empty() && !opt.quiet) {
+    std::string out = fmt::format("{:<32} {:<10} {:<8} {:>10} {:>9} {:>10}\n", "problem", "kernel", "mode", "median ms",
+                                  "TFLOP/s", "peak MiB");
+    for (const std::string& l : table) out += l + "\n";
+    std::fputs(out.c_str(), human);
+  }
+  if (any_failed) return kExitRuntime;
+  if (any_check_failed) return kExitValidation;
+  return kExitOk;
+}
+
+}  // namespace flashattn

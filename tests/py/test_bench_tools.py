@@ -1,0 +1,397 @@
+"""The benchmark tools on a machine without a GPU: flashattn --sweep (dry runs, and real sweeps of
+the cpu kernel on generated inputs), the timing fields of the JSON, scripts/sweep.sh (resume),
+scripts/profile.sh (with a stand-in ncu), ncu_summary.py, and peers.py's grid and stopping rule
+(with a stand-in torch)."""
+import json
+import os
+import stat
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+BUILD = os.environ.get("FLASHATTN_BUILD_DIR", "")
+FLASHATTN = Path(BUILD) / "flashattn"
+HAS_GPU = os.environ.get("FLASHATTN_HAS_GPU") == "1"
+needs_build = pytest.mark.skipif(not (BUILD and FLASHATTN.exists()), reason="set FLASHATTN_BUILD_DIR to a build")
+
+TINY = {"name": "tiny", "defaults": {"dtype": "fp32", "causal": [False, True]},
+        "points": [{"B": 1, "H": 2, "S": 16, "D": 8}, {"B": 2, "H": 4, "H_kv": 2, "S_q": 8, "S_k": 24, "D": 16,
+                                                        "mode": "forward"}]}
+
+
+def flashattn(*args, check=None):
+    p = subprocess.run([str(FLASHATTN), *map(str, args)], capture_output=True, text=True)
+    if check is not None:
+        assert p.returncode == check, f"exit {p.returncode}\n{p.stdout}\n{p.stderr}"
+    return p
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(TINY))
+    return path
+
+
+# ---- flashattn --sweep ---------------------------------------------------------------------------
+
+@needs_build
+def test_dry_run_lists_the_fa_grid_as_a_preset_file(tmp_path):
+    p = flashattn("--sweep", "fa-grid", "--dry-run", "--compute", "cublas", check=0)
+    grid = json.loads(p.stdout)
+    assert grid["name"] == "fa-grid" and len(grid["points"]) == 24
+    assert {(pt["B"] * pt["S_q"], pt["H"] * pt["D"]) for pt in grid["points"]} == {(16384, 2048)}
+    assert {pt["dtype"] for pt in grid["points"]} == {"bf16"}
+    assert all(pt["modes"] == ["forward", "backward"] for pt in grid["points"])
+    # The printed grid is itself a preset that expands to the same points.
+    (tmp_path / "g.json").write_text(p.stdout)
+    again = json.loads(flashattn("--sweep", tmp_path / "g.json", "--dry-run", check=0).stdout)
+    assert again["points"] == grid["points"]
+
+
+@needs_build
+def test_peers_expands_the_same_grids_as_flashattn(tiny):
+    import peers
+    for spec, cli, args in (("fa-grid", {}, []), (str(tiny), {"dtype": "bf16", "mode": "backward"},
+                                                  ["--dtype", "bf16", "--mode", "backward"])):
+        ours = json.loads(flashattn("--sweep", spec, "--dry-run", *args, check=0).stdout)["points"]
+        _, theirs = peers.load_sweep(spec, cli)
+        strip = lambda pts: [{k: v for k, v in p.items() if k != "kernels"} for p in pts]  # noqa: E731
+        assert strip(ours) == strip(theirs)
+
+
+@needs_build
+@pytest.mark.parametrize("args, needle", [
+    (["--sweep", "fa-grid", "--data", "X"], "--sweep: generates its inputs"),
+    (["--sweep", "fa-grid", "--out", "X"], "--sweep: writes no data files"),
+    (["--sweep", "/no/such.json", "--compute", "cpu"], "/no/such.json"),
+    (["--sweep", "fa-grid", "--compute", "nosuch"], "unknown kernel 'nosuch'"),
+    (["--sweep", "fa-grid"], "--compute"),
+    (["--compute", "cpu", "--data", "X", "--dry-run"], "--dry-run"),
+    (["--sweep", "fa-grid", "--compute", "cpu", "--max-noise", "-1"], "--max-noise"),
+    (["--sweep", "fa-grid", "--compute", "cpu", "--max-time", "0"], "--max-time"),
+    (["--sweep", "fa-grid", "--compute", "cpu", "--json", "/definitely/missing/r.json"], "--json"),
+])
+def test_sweep_usage_errors_exit_2_with_one_line(args, needle):
+    p = flashattn(*args, check=2)
+    assert len(p.stderr.strip().splitlines()) == 1 and needle in p.stderr, p.stderr
+
+
+@needs_build
+def test_sweep_writes_one_document_per_point_as_json_lines(tmp_path, tiny):
+    out = tmp_path / "r.jsonl"
+    p = flashattn("--sweep", tiny, "--compute", "cpu", "--json", out, "--seed", 5, check=0)
+    docs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(docs) == 4  # 2 points x causal [false, true]
+    assert [d["sweep"]["point"] for d in docs] == [1, 2, 3, 4] and docs[0]["sweep"]["points"] == 4
+    assert docs[0]["data"] == {"generated": "normal(0, 1)", "where": "device" if HAS_GPU else "host", "seed": 5}
+    assert [len(d["runs"]) for d in docs] == [2, 2, 1, 1]
+    assert docs[2]["runs"][0]["shape"] == {"B": 2, "H": 4, "H_kv": 2, "S_q": 8, "S_k": 24, "D": 16}
+    assert all(r["status"] == "ok" for d in docs for r in d["runs"])
+    # One progress line per point on stderr, with n/total, elapsed and ETA.
+    lines = [line for line in p.stderr.splitlines() if line.startswith("[")]
+    assert len(lines) == 4 and lines[0].startswith("[1/4] B1 H2 S16 D8 fp32:") and "elapsed, ETA" in lines[0]
+
+
+@needs_build
+def test_sweep_records_what_cannot_run_as_skipped(tmp_path, tiny):
+    out = tmp_path / "r.json"
+    flashattn("--sweep", tiny, "--compute", "cpu,naive", "--json", out, "--quiet", check=0)
+    runs = json.loads(out.read_text())["runs"]
+    naive = [r for r in runs if r["kernel"] == "naive"]
+    assert len(runs) == 12 and len(naive) == 6
+    if not HAS_GPU:
+        assert all(r["status"] == "skipped" and r["reason"].startswith("no GPU") for r in naive)
+
+
+@needs_build
+@pytest.mark.skipif(HAS_GPU, reason="on a GPU machine the GPU kernels run")
+def test_a_sweep_of_gpu_kernels_without_a_gpu_is_a_usage_error():
+    p = flashattn("--sweep", "fa-grid", "--compute", "cublas", check=2)
+    assert "need a GPU" in p.stderr
+
+
+@needs_build
+def test_timing_json_reports_the_stopping_rule(tmp_path):
+    data = tmp_path / "d"
+    subprocess.run([str(Path(BUILD) / "flashattn-gen"), "--out", str(data), "--B", "1", "--H", "2", "--S", "16",
+                    "--D", "8"], check=True, capture_output=True)
+    p = flashattn("--compute", "cpu", "--data", data, "--no-write", "--json", "-", "--hot", "--min-samples", 2,
+                  "--quiet", check=0)
+    t = json.loads(p.stdout)["runs"][0]["timing"]
+    assert t["mode"] == "hot" and t["l2_flush"] is False
+    for key in ("noise", "max_noise", "noise_rule_met", "stop_reason", "min_samples", "wall_s", "sm_clock_min_mhz",
+                "throttled", "throttle_reasons"):
+        assert key in t
+    assert t["stop_reason"] == "min_samples" and t["noise_rule_met"] is None  # host kernels: a fixed count
+    assert t["min_samples"] == 2
+
+
+# ---- scripts/sweep.sh ------------------------------------------------------------------------------
+
+@needs_build
+def test_sweep_sh_appends_every_run_and_resumes_without_redoing_them(tmp_path):
+    out = tmp_path / "r.jsonl"
+    cmd = ["bash", str(SCRIPTS / "sweep.sh"), "--build", BUILD, "--out", str(out), "--kernels", "cpu",
+           "--B", "1", "--H", "2", "--S", "16,24", "--D", "8", "--dtype", "fp32", "--causal", "0,1"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert len(out.read_text().splitlines()) == 8  # 2 S x 2 causal x 2 modes
+    assert "[8/8]" in p.stderr and "ETA" in p.stderr
+    p = subprocess.run(cmd[:-4] + ["--S", "16,24,32", "--dtype", "fp32", "--causal", "0,1"], capture_output=True,
+                       text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count("done before") == 8
+    docs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(docs) == 12 and {d["runs"][0]["shape"]["S_q"] for d in docs} == {16, 24, 32}
+
+
+@needs_build
+def test_sweep_sh_records_unsupported_runs_as_skipped(tmp_path):
+    out = tmp_path / "r.jsonl"
+    p = subprocess.run(["bash", str(SCRIPTS / "sweep.sh"), "--build", BUILD, "--out", str(out), "--kernels", "naive",
+                        "--B", "1", "--H", "2", "--S", "16", "--D", "8", "--dtype", "fp32", "--modes", "forward"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    run = json.loads(out.read_text())["runs"][0]
+    if HAS_GPU:
+        assert run["status"] == "ok"
+    else:
+        assert run["status"] == "skipped" and "needs a GPU" in run["reason"] and run["shape"]["S_q"] == 16
+    bad = subprocess.run(["bash", str(SCRIPTS / "sweep.sh"), "--build", BUILD, "--out", str(out), "--kernels", "nosuch"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown kernel 'nosuch'" in bad.stderr
+
+
+# ---- scripts/profile.sh and ncu_summary.py -------------------------------------------------------
+
+RAW_CSV = '''"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","gpu__time_duration.sum","dram__throughput.avg.pct_of_peak_sustained_elapsed","dram__bytes_read.sum","dram__bytes_write.sum","sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active","sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active","sm__warps_active.avg.pct_of_peak_sustained_active","launch__registers_per_thread","l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum","l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum"
+"","","","","","","","","","","","nsecond","%","byte","byte","%","%","%","register/thread","byte","byte"
+"0","1","flashattn","h","gemm_kernel","1","7","(256, 1, 1)","(64, 32, 1)","0","9.0","1,000,000","45.5","2000000000","1000000000","80.1","5.0","40.2","168","0","0"
+"1","1","flashattn","h","softmax_kernel","1","7","(128, 1, 1)","(4096, 1, 1)","0","9.0","500000","90.0","1500000000","1500000000","n/a","12.5","85.0","32","4096","2048"
+'''
+
+
+def test_ncu_summary_reads_the_raw_page_in_base_units(tmp_path):
+    import ncu_summary
+    path = tmp_path / "raw.csv"
+    path.write_text("==PROF== Connected to process\n" + RAW_CSV)
+    rows = ncu_summary.read_raw(str(path))
+    assert len(rows) == 2 and rows[0]["gpu__time_duration.sum"] == pytest.approx(1e-3)
+    text = ncu_summary.summarize(rows, flops=3e9)
+    gemm = next(line for line in text.splitlines() if line.startswith("gemm_kernel"))
+    assert "1000.0" in gemm and "3000" in gemm and "80.1" in gemm and "168" in gemm  # us, GB/s, mma %, regs
+    soft = next(line for line in text.splitlines() if line.startswith("softmax_kernel"))
+    assert " 4/2" in soft  # local-memory KB loaded / stored: spills
+    assert text.splitlines()[-1].startswith("total: 2 kernel(s), 1500.0 us") and "2.00 TFLOP/s" in text
+
+
+@needs_build
+def test_profile_sh_runs_ncu_on_the_timed_range_and_prints_the_summary(tmp_path):
+    fake = tmp_path / "ncu"
+    # Capture: run the profiled command (everything after -o FILE) and leave a report; import:
+    # print the raw page.
+    fake.write_text(f"""#!/usr/bin/env bash
+if [ "$1" = "--import" ]; then cat "{tmp_path}/raw.csv"; exit 0; fi
+echo "$@" > "{tmp_path}/ncu_args"
+while [ $# -gt 0 ] && [ "$1" != "-o" ]; do shift; done
+touch "$2.ncu-rep"; shift 2
+exec "$@"
+""")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "raw.csv").write_text(RAW_CSV)
+    env = dict(os.environ, NCU=str(fake), FLASHATTN_BUILD_DIR=BUILD, PROFILE_OUT=str(tmp_path / "out"),
+               PROFILE_DATA=str(tmp_path / "data"))
+    p = subprocess.run(["bash", str(SCRIPTS / "profile.sh"), "cpu", "forward", "B1_H2_S32_D8_fp32_causal"],
+                       capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    args = (tmp_path / "ncu_args").read_text()
+    assert "--set full --clock-control none --nvtx --nvtx-include timed/" in args
+    assert "--warmup 0 --repeat 1 --max-noise 0" in args and "--causal" in args
+    assert "total: 2 kernel(s)" in p.stdout and "TFLOP/s" in p.stdout
+    bad = subprocess.run(["bash", str(SCRIPTS / "profile.sh"), "cpu", "forward", "B1_S32"], capture_output=True,
+                         text=True, env=env)
+    assert bad.returncode == 2 and "SHAPE" in bad.stderr
+
+
+# ---- peers.py without PyTorch ----------------------------------------------------------------------
+
+class FakeEvent:
+    def __init__(self, clock):
+        self.clock, self.t = clock, 0.0
+
+    def record(self):
+        self.t = self.clock.now
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return end.t - self.t
+
+
+def fake_torch(durations):
+    """Just enough of torch for peers.Timer: each fn() call advances a clock by the next duration."""
+    clock = types.SimpleNamespace(now=0.0)
+    it = iter(durations)
+
+    def fn():
+        clock.now += next(it)
+    cuda = types.SimpleNamespace(
+        get_device_properties=lambda i: types.SimpleNamespace(L2_cache_size=1 << 20), current_device=lambda: 0,
+        Event=lambda enable_timing: FakeEvent(clock), synchronize=lambda: None, clock_rate=lambda: 1980)
+    torch = types.SimpleNamespace(cuda=cuda, uint8=None,
+                                  empty=lambda *a, **k: types.SimpleNamespace(zero_=lambda: None))
+    return torch, fn
+
+
+def test_peers_timer_stops_on_low_noise_after_min_samples():
+    import peers
+    torch, fn = fake_torch([1.0] * 1000)
+    t = peers.Timer(torch, 2, 10, True, 0.005, 1.0)(fn)
+    assert t["stop_reason"] == "noise" and t["noise_rule_met"] is True and t["repeat"] >= 10
+    assert t["mode"] == "cold" and t["median_ms"] == 1.0 and t["sm_clock_samples"] > 0
+
+
+def test_peers_timer_gives_up_at_max_time_when_noisy():
+    import peers
+    torch, fn = fake_torch([1.0, 2.0] * 100000)
+    t = peers.Timer(torch, 0, 10, False, 0.005, 1e-9)(fn)
+    assert t["stop_reason"] == "max_time" and t["noise_rule_met"] is False and t["mode"] == "hot"
+    assert peers.timing_notes(t, "")[0].startswith("noise ")
+
+
+def test_peers_timer_without_rule_takes_exactly_min_samples():
+    import peers
+    torch, fn = fake_torch([1.0, 3.0] * 100)
+    t = peers.Timer(torch, 0, 7, True, 0.0, 1.0)(fn)
+    assert t["repeat"] == 7 and t["stop_reason"] == "min_samples" and t["noise_rule_met"] is None
+
+
+def install_fake_torch(monkeypatch):
+    """A stand-in for the parts of torch that peers.py uses, on a simulated clock: every SDPA call
+    takes time proportional to its FLOPs; the flash backend refuses fp32, as PyTorch's does."""
+    clock = types.SimpleNamespace(now=0.0, peak=0, backend=None)
+
+    class Tensor:
+        def __init__(self, shape, dtype):
+            self.shape, self.dtype = tuple(shape), dtype
+
+        def detach(self):
+            return self
+
+        def requires_grad_(self, flag=True):
+            return self
+
+        def to(self, device, dtype):
+            return Tensor(self.shape, dtype)
+
+        def transpose(self, a, b):
+            s = list(self.shape)
+            s[a], s[b] = s[b], s[a]
+            return Tensor(s, self.dtype)
+
+    class NoGrad:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+    def sdpa(q, k, v, scale=None, is_causal=False, attn_mask=None, enable_gqa=False):
+        if clock.backend == "flash" and q.dtype == "float32":
+            raise RuntimeError("No available kernel. Aborting execution.")
+        B, H, S, D = q.shape
+        clock.now += 4.0 * B * H * S * k.shape[2] * D / 1e11  # "ms" at 100 TFLOP/s
+        clock.peak = max(clock.peak, B * H * S * k.shape[2] * 4 if clock.backend == "math" else 0)
+        return Tensor(q.shape, q.dtype)
+
+    class Kernel:
+        def __init__(self, backends):
+            self.b = backends[0]
+
+        def __enter__(self):
+            clock.backend = self.b
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+    backend = types.SimpleNamespace(FLASH_ATTENTION="flash", CUDNN_ATTENTION="cudnn", EFFICIENT_ATTENTION="efficient",
+                                    MATH="math")
+    attention = types.ModuleType("torch.nn.attention")
+    attention.SDPBackend, attention.sdpa_kernel = backend, Kernel
+    bias = types.ModuleType("torch.nn.attention.bias")
+    bias.causal_lower_right = lambda s_q, s_k: ("lower_right", s_q, s_k)
+    functional = types.ModuleType("torch.nn.functional")
+    functional.scaled_dot_product_attention = sdpa
+    nn = types.ModuleType("torch.nn")
+    nn.functional, nn.attention, attention.bias = functional, attention, bias
+    props = types.SimpleNamespace(L2_cache_size=50 << 20, name="Fake GPU", multi_processor_count=132, major=9,
+                                  minor=0, total_memory=80 << 30)
+    cuda = types.SimpleNamespace(
+        is_available=lambda: True, current_device=lambda: 0, get_device_properties=lambda i: props,
+        Event=lambda enable_timing: FakeEvent(clock), synchronize=lambda: None, clock_rate=lambda: 1980,
+        reset_peak_memory_stats=lambda: setattr(clock, "peak", 0), memory_allocated=lambda: 0,
+        max_memory_allocated=lambda: clock.peak, empty_cache=lambda: None, OutOfMemoryError=MemoryError)
+    torch = types.ModuleType("torch")
+    torch.__version__ = "0.0-fake"
+    torch.cuda, torch.nn, torch.float32, torch.float16, torch.bfloat16, torch.uint8 = (
+        cuda, nn, "float32", "float16", "bfloat16", "uint8")
+    torch.version = types.SimpleNamespace(cuda="13.0")
+    torch.backends = types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=types.SimpleNamespace(allow_tf32=True)),
+                                           cudnn=types.SimpleNamespace(allow_tf32=True, version=lambda: 90000))
+    torch.Generator = lambda device: types.SimpleNamespace(manual_seed=lambda s: s)
+    torch.randn = lambda shape, generator=None, device=None, dtype=None: Tensor(shape, dtype)
+    torch.from_numpy = lambda a: Tensor(a.shape, "float64")
+    torch.empty = lambda *a, **k: types.SimpleNamespace(zero_=lambda: None)
+    torch.no_grad = NoGrad
+    torch.autograd = types.SimpleNamespace(grad=lambda out, inputs, grad, retain_graph: sdpa(out, out, out))
+    for name, mod in (("torch", torch), ("torch.nn", nn), ("torch.nn.functional", functional),
+                      ("torch.nn.attention", attention), ("torch.nn.attention.bias", bias)):
+        monkeypatch.setitem(sys.modules, name, mod)
+
+
+def test_peers_sweep_writes_one_document_per_point_in_the_flashattn_schema(tmp_path, tiny, monkeypatch):
+    import peers
+    install_fake_torch(monkeypatch)
+    out = tmp_path / "peers.jsonl"
+    assert peers.main(["--sweep", str(tiny), "--json", str(out), "--repeat", "3", "--max-time", "0.01"]) == 0
+    docs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(docs) == 4 and docs[0]["sweep"] == {"name": "tiny", "point": 1, "points": 4}
+    runs = [r for d in docs for r in d["runs"]]
+    assert {r["kernel"] for r in runs} == {"torch-flash", "torch-cudnn", "torch-efficient", "torch-math"}
+    flash = [r for r in runs if r["kernel"] == "torch-flash"]
+    assert all(r["status"] == "skipped" and "No available kernel" in r["reason"] for r in flash)  # fp32 preset
+    ok = [r for r in runs if r["status"] == "ok"]
+    assert len(ok) == 3 * 6  # three backends x (2 points x 2 modes + 2 points x 1 mode)
+    r = next(r for r in ok if r["kernel"] == "torch-math" and r["mode"] == "forward")
+    assert r["shape"]["S_q"] == 16 and r["dtype"] == "fp32" and r["timing"]["mode"] == "cold"
+    assert r["memory"]["extra_bytes"] > 0 and r["memory"]["peak_bytes"] > r["memory"]["inputs_bytes"]
+    assert r["throughput"]["tflops"] == pytest.approx(100.0, rel=1e-6)
+    # report.py reads them alongside flashattn's runs, and marks math as O(S^2) memory.
+    import report
+    res = report.Results([str(out)])
+    assert "torch-math" in res.quadratic and "torch-efficient" not in res.quadratic
+
+
+@needs_build
+def test_peers_on_a_data_directory_keeps_working(tmp_path, monkeypatch, capsys):
+    import peers
+    install_fake_torch(monkeypatch)
+    data = tmp_path / "d"
+    subprocess.run([str(Path(BUILD) / "flashattn-gen"), "--out", str(data), "--B", "1", "--H", "2", "--S", "16",
+                    "--D", "8", "--dtype", "bf16", "--with-dO"], check=True, capture_output=True)
+    out = tmp_path / "p.json"
+    assert peers.main([str(data), "--mode", "both", "--causal", "--json", str(out), "--max-noise", "0"]) == 0
+    d = json.loads(out.read_text())
+    assert d["data"]["dir"] == str(data) and len(d["runs"]) == 8
+    assert all(r["status"] == "ok" and r["flags"]["causal"] for r in d["runs"])
+    assert all(r["timing"]["repeat"] == 20 and r["timing"]["stop_reason"] == "min_samples" for r in d["runs"])
+    assert "torch-flash      forward" in capsys.readouterr().out
