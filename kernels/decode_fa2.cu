@@ -24,6 +24,7 @@
 #include <string>
 
 #include "common/decode.cuh"
+#include "common/layout_checks.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
 #include "flashattn/registry.h"
@@ -239,7 +240,6 @@ void launch(const DecodeParams& p, const LaunchContext& ctx) {
 }
 
 bool aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
-bool strides_ok(const Strides& s, int elems) { return s.batch % elems == 0 && s.head % elems == 0 && s.row % elems == 0; }
 
 void run(const DecodeParams& p, const LaunchContext& ctx) {
   if (static_cast<int64_t>(p.B) * p.H * p.S_new == 0) return;
@@ -251,7 +251,7 @@ void run(const DecodeParams& p, const LaunchContext& ctx) {
   // Vector loads of a lane's D/32 elements: 16 bytes when D/32 is a multiple of 4, 8 when it is 2.
   const int per = p.D / 32, vec = per % 4 == 0 ? 4 : (per == 2 ? 2 : 1);
   if (!aligned(p.q, 4 * vec) || !aligned(p.k_cache, 4 * vec) || !aligned(p.v_cache, 4 * vec) ||
-      !strides_ok(p.q_st, vec) || !strides_ok(p.k_cache_st, vec) || !strides_ok(p.v_cache_st, vec))
+      !strides_multiple_of(p.q_st, vec) || !strides_multiple_of(p.k_cache_st, vec) || !strides_multiple_of(p.v_cache_st, vec))
     throw RuntimeError("fa2 decode: q and the caches must be aligned for " + std::to_string(4 * vec) +
                        "-byte row loads, strides a multiple of " + std::to_string(vec) + " elements");
   switch (p.D) {

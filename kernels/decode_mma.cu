@@ -38,6 +38,7 @@
 #include "common/decode.cuh"
 #include "common/dtype.cuh"
 #include "common/frag_softmax.cuh"
+#include "common/layout_checks.h"
 #include "common/mma_sm80.cuh"
 #include "common/swizzled_smem.cuh"
 #include "flashattn/check.h"
@@ -542,8 +543,6 @@ void dispatch_head_dim(const DecodeParams& p, const LaunchContext& ctx) {
   }
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-bool strides_ok(const Strides& s) { return s.batch % 8 == 0 && s.head % 8 == 0 && s.row % 8 == 0; }
 
 void run(const DecodeParams& p, const LaunchContext& ctx) {
   if (static_cast<int64_t>(p.B) * p.H * p.S_new == 0) return;
@@ -554,8 +553,8 @@ void run(const DecodeParams& p, const LaunchContext& ctx) {
   if (p.block_table && (p.page_size < 16 || (p.page_size & (p.page_size - 1)) != 0))
     throw RuntimeError("mma decode: page size must be a power of two >= 16");
   // cp.async moves 16-byte rows of 8 elements.
-  if (!aligned16(p.q) || !aligned16(p.k_cache) || !aligned16(p.v_cache) || !strides_ok(p.q_st) ||
-      !strides_ok(p.k_cache_st) || !strides_ok(p.v_cache_st))
+  if (!aligned16(p.q) || !aligned16(p.k_cache) || !aligned16(p.v_cache) || !strides_multiple_of(p.q_st, 8) ||
+      !strides_multiple_of(p.k_cache_st, 8) || !strides_multiple_of(p.v_cache_st, 8))
     throw RuntimeError("mma decode: q and the caches must be 16-byte aligned with strides a multiple of 8 elements");
   switch (p.dtype) {
     case DType::F16: return dispatch_head_dim<__half>(p, ctx);

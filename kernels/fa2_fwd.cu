@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/layout_checks.h"
 #include "common/mask.cuh"
 #include "common/switch.h"
 #include "flashattn/check.h"
@@ -564,7 +565,6 @@ void launch(const FwdParams& p, const LaunchContext& ctx) {
   CHECK_LAUNCH("fa2_fwd_kernel");
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 bool strides4(const Strides& s) { return s.batch % 4 == 0 && s.head % 4 == 0 && s.row % 4 == 0; }
 
 void run(const FwdParams& p, const LaunchContext& ctx) {

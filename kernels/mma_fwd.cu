@@ -38,6 +38,7 @@
 
 #include "common/frag_softmax.cuh"
 #include "common/key_blocks.cuh"
+#include "common/layout_checks.h"
 #include "common/mask.cuh"
 #include "common/mma_sm80.cuh"
 #include "common/swizzled_smem.cuh"
@@ -435,8 +436,6 @@ void dispatch_head_dim(const FwdParams& p, const LaunchContext& ctx) {
   }
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-bool strides_ok(const Strides& s) { return s.batch % 8 == 0 && s.head % 8 == 0 && s.row % 8 == 0; }
 
 void run(const FwdParams& p, const LaunchContext& ctx) {
   if (static_cast<int64_t>(p.B) * p.H * p.S_q == 0) return;
@@ -444,8 +443,8 @@ void run(const FwdParams& p, const LaunchContext& ctx) {
   if (p.H > 65535 || p.B > 65535) throw RuntimeError("mma forward: B and H must be at most 65535 (grid y/z)");
   if (p.S_q >= (1 << 28) || p.S_k >= (1 << 28)) throw RuntimeError("mma forward: S_q and S_k must be below 2^28");
   // cp.async and the epilogue move 16-byte rows of 8 elements.
-  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o) || !strides_ok(p.q_st) ||
-      !strides_ok(p.k_st) || !strides_ok(p.v_st) || !strides_ok(p.o_st))
+  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o) || !strides_multiple_of(p.q_st, 8) ||
+      !strides_multiple_of(p.k_st, 8) || !strides_multiple_of(p.v_st, 8) || !strides_multiple_of(p.o_st, 8))
     throw RuntimeError("mma forward: tensors must be 16-byte aligned with strides a multiple of 8 elements");
   switch (p.dtype) {
     case DType::F16: return dispatch_head_dim<__half>(p, ctx);

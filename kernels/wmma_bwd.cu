@@ -40,6 +40,7 @@
 #include <string>
 
 #include "common/dtype.cuh"
+#include "common/layout_checks.h"
 #include "common/mask.cuh"
 #include "common/wmma_bwd.cuh"
 #include "common/wmma_tile.cuh"
@@ -406,8 +407,6 @@ void dispatch_head_dim(const BwdParams& p, const LaunchContext& ctx) {
   }
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-bool strides8(const Strides& s) { return s.batch % 8 == 0 && s.head % 8 == 0 && s.row % 8 == 0; }
 
 void run(const BwdParams& p, const LaunchContext& ctx) {
   if (static_cast<int64_t>(p.B) * p.H * p.S_q == 0 || p.S_k == 0) return;
@@ -423,7 +422,7 @@ void run(const BwdParams& p, const LaunchContext& ctx) {
     if (!aligned16(ptr)) throw RuntimeError("wmma backward: every tensor must be 16-byte aligned");
   const Strides* strides[] = {&p.q_st, &p.k_st, &p.v_st, &p.o_st, &p.do_st, &p.dq_st, &p.dk_st, &p.dv_st};
   for (const Strides* s : strides)
-    if (!strides8(*s)) throw RuntimeError("wmma backward: strides must be multiples of 8 elements");
+    if (!strides_multiple_of(*s, 8)) throw RuntimeError("wmma backward: strides must be multiples of 8 elements");
   switch (p.dtype) {
     case DType::F16: return dispatch_head_dim<__half>(p, ctx);
     case DType::BF16: return dispatch_head_dim<__nv_bfloat16>(p, ctx);
