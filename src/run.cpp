@@ -453,6 +453,12 @@ struct Session::Impl {
         f.workspace = ws.get();
         f.workspace_bytes = fwd_ws;
         poison_workspace(ws, fwd_ws, stream);
+        // Poisoned like a forward run's outputs: an element the forward leaves unwritten reaches
+        // the backward as NaN and fails --check. (cuBLAS writes O through a path compute-
+        // sanitizer's initcheck does not see; without a defined start, every read of O by the
+        // cublas backward was reported as uninitialized although the values are the GEMM's.)
+        CUDA_CHECK(cudaMemsetAsync(o.get(), 0xFF, q_bytes, stream));
+        CUDA_CHECK(cudaMemsetAsync(lse.get(), 0xFF, lse_bytes, stream));
         const LaunchContext fctx = context(*fe);
         fe->fwd(f, fctx);
         CUDA_CHECK(cudaStreamSynchronize(stream));
