@@ -80,6 +80,29 @@ __device__ __forceinline__ void cp_async_16_u32(uint32_t smem, const void* gmem,
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_size));
 }
 
+// L2 eviction policies for cp_async_16_u32_hint. Evict-first: the lines a load brings in are the
+// first to be replaced, for data read exactly once (a decode step's K/V stream), so the stream
+// recycles its own lines instead of evicting (and, for dirty lines, writing back) what else L2
+// holds. Evict-unchanged: the access leaves the lines' priorities as they were.
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+__device__ __forceinline__ uint64_t l2_evict_unchanged_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_unchanged.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+// cp_async_16_u32 under an L2 eviction policy (l2_evict_first_policy).
+__device__ __forceinline__ void cp_async_16_u32_hint(uint32_t smem, const void* gmem, bool valid, uint64_t policy) {
+  const int src_size = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem), "l"(gmem),
+               "r"(src_size), "l"(policy));
+}
+
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -204,6 +204,14 @@ TEST(DecodeSplits, TheMmaKernelDoesNotSplitAFullGrid) {
   EXPECT_EQ(e->dec_splits(params(64, 32, 8, 1, 2048, 132)), 1);
 }
 
+TEST(DecodeSplits, UpToAGroupPerSmTheGridIsOneWave) {
+  const fa::KernelMode* e = fa::Registry::find("mma", fa::Mode::Decode);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->dec_splits(params(16, 32, 8, 1, 8192, 132)), 1);  // 128 groups: unsplit
+  const int s = e->dec_splits(params(8, 32, 8, 1, 4096, 132));     // 64 groups
+  EXPECT_EQ(s, 2);
+}
+
 TEST(DecodeSplits, ShortCachesAreNotCutBelowTheMinimumPiece) {
   const fa::KernelMode* e = fa::Registry::find("mma", fa::Mode::Decode);
   ASSERT_NE(e, nullptr);
