@@ -490,29 +490,12 @@ int64_t merge_groups(const DecodeParams& p) { return static_cast<int64_t>(p.B) *
 
 size_t workspace_bytes(const DecodeParams& p) { return decode::split_workspace_bytes(p, num_splits(p), merge_groups(p)); }
 
-// What the launch choices need of the device, queried once per device (a step is a few
-// microseconds, so host calls per launch count).
-struct DeviceLimits {
-  int smem_optin = 0;  // bytes of shared memory a CTA may opt in to
-  int l2_bytes = 0;
-};
-
-DeviceLimits device_limits(int device) {
-  static DeviceLimits cached[16];
-  if (device >= 0 && device < 16 && cached[device].smem_optin > 0) return cached[device];
-  DeviceLimits d;
-  CUDA_CHECK(cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&d.l2_bytes, cudaDevAttrL2CacheSize, device));
-  if (device >= 0 && device < 16) cached[device] = d;
-  return d;
-}
-
 // The deep pipeline when the whole grid fits one CTA per SM and the device grants its shared
 // memory (sm_90: 227 KB per CTA; sm_80: 163 KB, which the D = 128 stages exceed).
 template <class Tr>
-bool use_deep(const DecodeParams& p, const DeviceLimits& dev, int splits) {
+bool use_deep(const DecodeParams& p, const LaunchContext& ctx, int splits) {
   return merge_groups(p) * splits <= static_cast<int64_t>(p.num_sms) &&
-         Tr::kSmemBytes + kSmemAlign <= dev.smem_optin;
+         static_cast<size_t>(Tr::kSmemBytes + kSmemAlign) <= ctx.smem_optin;
 }
 
 // L2 policy of the K/V stream. Evict-first keeps the stream from evicting what else L2 holds;
@@ -520,13 +503,13 @@ bool use_deep(const DecodeParams& p, const DeviceLimits& dev, int splits) {
 // (L2 there is full of dirty lines from the timing's flush, which then stay put instead of being
 // written back during the step) and lengthens 537 MB steps by 4 %; evict-unchanged is as fast as
 // plain loads there. So evict-first up to 4x the L2 size, evict-unchanged above.
-bool choose_l2_policy(const DecodeParams& p, const DeviceLimits& dev) {
+bool choose_l2_policy(const DecodeParams& p, const LaunchContext& ctx) {
   const double kv_bytes = 2.0 * p.B * p.H_kv * static_cast<double>(p.max_seqlen) * p.D * dtype_size(p.dtype);
-  return kv_bytes <= 4.0 * dev.l2_bytes;
+  return kv_bytes <= 4.0 * static_cast<double>(ctx.l2_bytes);
 }
 
 template <class Tr, class T>
-void launch(const DecodeParams& p, const LaunchContext& ctx, const DeviceLimits& dev) {
+void launch(const DecodeParams& p, const LaunchContext& ctx) {
   Args<T> a;
   a.q = static_cast<const T*>(p.q);
   a.q_st = p.q_st;
@@ -545,7 +528,7 @@ void launch(const DecodeParams& p, const LaunchContext& ctx, const DeviceLimits&
   a.splits = num_splits(p);
   a.rows_total = static_cast<int64_t>(p.B) * p.H * p.S_new;
   a.scale_log2 = p.scale_log2;
-  a.evict_first = choose_l2_policy(p, dev);
+  a.evict_first = choose_l2_policy(p, ctx);
   if (a.splits > 1) {
     if (p.workspace == nullptr || p.workspace_bytes < decode::split_workspace_bytes(p, a.splits, merge_groups(p)))
       throw RuntimeError("mma decode: workspace smaller than its workspace function asked for");
@@ -571,9 +554,8 @@ template <class T, int kHeadDim>
 void launch_for(const DecodeParams& p, const LaunchContext& ctx) {
   using Regular = typename TraitsFor<kHeadDim>::type;
   using Deep = typename DeepTraitsFor<kHeadDim>::type;
-  const DeviceLimits dev = device_limits(ctx.device);
-  if (!std::is_same<Regular, Deep>::value && use_deep<Deep>(p, dev, num_splits(p))) return launch<Deep, T>(p, ctx, dev);
-  launch<Regular, T>(p, ctx, dev);
+  if (!std::is_same<Regular, Deep>::value && use_deep<Deep>(p, ctx, num_splits(p))) return launch<Deep, T>(p, ctx);
+  launch<Regular, T>(p, ctx);
 }
 
 template <class T>

@@ -202,6 +202,8 @@ struct DecodeSession::Impl {
     ctx.device = opt.device;
     ctx.sm = dev.sm();
     ctx.sm_count = dev.sm_count;
+    ctx.smem_optin = dev.smem_per_block_optin;
+    ctx.l2_bytes = dev.l2_bytes;
     ctx.cpu_threads = opt.cpu_threads;
     return ctx;
   }

@@ -113,6 +113,7 @@ DecodeSimResult simulate_decode(const KernelMode& dec, const DecodeInputs& shape
   L2Flusher flusher(dev.l2_bytes);
   LaunchContext ctx;
   ctx.stream = stream, ctx.device = opt.device, ctx.sm = dev.sm(), ctx.sm_count = dev.sm_count;
+  ctx.smem_optin = dev.smem_per_block_optin, ctx.l2_bytes = dev.l2_bytes;
 
   // ---- the cache: contiguous, or a fresh pool with a shuffled block table ------------------------
   const int page = d.page_size;

@@ -292,6 +292,8 @@ struct Session::Impl {
       ctx.device = opt.device;
       ctx.sm = dev->sm();
       ctx.sm_count = dev->sm_count;
+      ctx.smem_optin = dev->smem_per_block_optin;
+      ctx.l2_bytes = dev->l2_bytes;
       if (e.uses_cublas) {
         ensure_cublas();
         ctx.cublas = cublas;

@@ -32,6 +32,8 @@ struct LaunchContext {
   int device = -1;         // -1 for the cpu kernel
   int sm = 0;              // compute capability as major*10+minor, 0 for the cpu kernel
   int sm_count = 0;
+  size_t smem_optin = 0;   // shared memory a CTA may opt in to, bytes (0: unknown)
+  size_t l2_bytes = 0;     // L2 cache size, bytes (0: unknown)
   int cpu_threads = 0;     // threads the cpu kernel may use (0: all hardware threads)
 };
 
