@@ -8,10 +8,11 @@
 //     piece, as many as it takes to fill the GPU (decode::choose_splits, or --splits N); the last
 //     CTA of a group to finish merges the pieces by their lse (merge_splits: no second kernel).
 //   - K/V blocks (64 keys) stream through a cp.async pipeline in 16-byte, fully coalesced copies
-//     into XOR-swizzled shared memory, under an L2 eviction policy (choose_l2_policy). Two
-//     shapes of it: 3 stages at D = 128 with 2 CTAs per SM when the grid fills the GPU several
-//     times over; a deep one of ~192 KB per CTA (6 stages at D = 128, five blocks in flight) when
-//     the whole grid is one wave of one CTA per SM (up to one group per SM: ~1 piece per SM).
+//     into XOR-swizzled shared memory, under an L2 eviction policy (choose_l2_policy): 3 stages
+//     at D = 128 (two blocks in flight), two CTAs per SM when the grid fills the GPU several times
+//     over, one per SM when the whole grid is one wave (up to one group per SM: ~1 piece per SM).
+//     At D = 128 more blocks in flight made one-wave steps slower, not faster (docs/PERF.md); the
+//     smaller head dims keep a deeper one-wave variant (DeepTraitsFor).
 //   - within a CTA the 4 warps split each block's keys (16 each): every warp keeps its own online
 //     softmax over its keys, and the warps merge through shared memory at the end.
 // Per warp and block (FlashAttention-2, Algorithm 1, lines 8-10, with the roles of the loops
@@ -29,8 +30,8 @@
 // Paged caches: the loader looks each row's page up in the block table (kPaged instantiation; the
 // contiguous one has no lookup). Features: GQA/MQA, per-batch lengths, S_new >= 1, paged caches,
 // empty split pieces. Limits: fp16/bf16; head dims 32, 64, 96, 128, 256; sm_80+; q and caches
-// 16-byte aligned with strides a multiple of 8 elements. Instantiations: (5 regular + 4 deep)
-// pipelines x 2 dtypes x {contiguous, paged} = 36 (FLASHATTN_ONLY_HDIM128: 8). Measured: see README.
+// 16-byte aligned with strides a multiple of 8 elements. Instantiations: (5 regular + 3 deep)
+// pipelines x 2 dtypes x {contiguous, paged} = 32 (FLASHATTN_ONLY_HDIM128: 4). Measured: see README.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -77,9 +78,9 @@ struct Traits {
   static constexpr int kStageBytes = 2 * TileKV::kBytes;  // K then V
   static constexpr int kSmemBytes = TileQ::kBytes + kStages * kStageBytes;
   // Epilogue scratch in the K/V stages: each warp's O (fp32 rows padded by 4 floats so the float2
-  // stores of a quad's rows spread over the banks), then m and l.
+  // stores of a quad's rows spread over the banks), then m, l, the merge weights and the lse.
   static constexpr int kLdO = kHeadDim + 4;
-  static constexpr int kCombineBytes = kNWarps * kRows * (kLdO + 2) * 4;
+  static constexpr int kCombineBytes = (kNWarps * kRows * (kLdO + 3) + kRows) * 4;
 
   static_assert(kWarpKeys == 16, "a warp's keys are exactly one k16 step of P.V");
   static_assert(kStages >= 2, "the pipeline needs a stage to load while one is computed");
@@ -95,12 +96,16 @@ template <> struct TraitsFor<64> { using type = Traits<64, 4, 3>; };    // 4 x 1
 template <> struct TraitsFor<96> { using type = Traits<96, 3, 2>; };    // 3 x 24 KB, 75 KB
 template <> struct TraitsFor<128> { using type = Traits<128, 3, 2>; };  // 3 x 32 KB, 100 KB
 template <> struct TraitsFor<256> { using type = Traits<256, 3, 1>; };  // 3 x 64 KB, 200 KB
-// One CTA per SM, ~192 KB of stages (the grid is a single wave; see the header).
+// One CTA per SM, ~192 KB of stages, when the grid is a single wave. Not at D = 128: on the H100,
+// B1 S32768 (one wave of 128 pieces) took 58.3 / 59.1 / 58.9 / 59.1 us with 3 / 4 / 5 / 6 stages
+// (cold L2), and B16 S8192 ran 1 % faster with 3 than with 6: with five blocks in flight the SMs
+// nearest the memory finish their pieces ~10 us early and idle, with two every SM streams at
+// about the same rate and the whole GPU still reads at the copy rate (docs/PERF.md).
 template <int kHeadDim> struct DeepTraitsFor;
 template <> struct DeepTraitsFor<32> { using type = Traits<32, 16, 1>; };   // 16 x 8 KB
 template <> struct DeepTraitsFor<64> { using type = Traits<64, 12, 1>; };   // 12 x 16 KB
 template <> struct DeepTraitsFor<96> { using type = Traits<96, 8, 1>; };    // 8 x 24 KB
-template <> struct DeepTraitsFor<128> { using type = Traits<128, 6, 1>; };  // 6 x 32 KB
+template <> struct DeepTraitsFor<128> { using type = TraitsFor<128>::type; };  // the regular one
 template <> struct DeepTraitsFor<256> { using type = Traits<256, 3, 1>; };  // the regular one
 
 template <class T>
@@ -194,8 +199,8 @@ struct KVLoader {
 // instead of by a second kernel (a decode step is a few microseconds; a launch and its drain are
 // a good part of that on short caches):
 //   lse = log sum_s exp(lse_s);  O = sum_s exp(lse_s - lse) O_s    (s in order: deterministic)
-// Every CTA publishes its piece (__threadfence) before counting itself in; the CTA that sees
-// splits - 1 earlier arrivals reads all pieces through L2 (__ldcg: never a stale L1 line) and
+// Every CTA publishes its piece (release) as it counts itself in; the CTA that sees splits - 1
+// earlier arrivals (acquire) reads all pieces through L2 (__ldcg: never a stale L1 line) and
 // resets the counter for the next call. The merge runs after the group's last piece, on the
 // critical path of the step, and is bound by L2 latency, so it is one round trip per kChunk
 // pieces: each thread owns a float4 column of a row and issues the loads of kChunk pieces' lse
@@ -209,12 +214,18 @@ __device__ __forceinline__ void merge_splits(const Args<T>& a, int b, int g, int
   __shared__ int s_last;
   const int tid = threadIdx.x;
   int* counter = a.ws.counters + static_cast<int64_t>(blockIdx.x) * gridDim.z + blockIdx.z;
-  __threadfence();
+  // Release/acquire through one thread: the barrier orders every thread's piece stores before
+  // thread 0's acq_rel atomic (release, cumulative over what the barrier made it observe), and the
+  // last arrival's acquire reaches the other threads through the second barrier. One L2 round trip
+  // for the arrival instead of a full fence in every thread plus the atomic.
   __syncthreads();
-  if (tid == 0) s_last = atomicAdd(counter, 1) == a.splits - 1;
+  if (tid == 0) {
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+    s_last = old == a.splits - 1;
+  }
   __syncthreads();
   if (!s_last) return;
-  __threadfence();
   const int64_t lse_step = a.rows_total;         // floats between two pieces of a row's lse
   const int64_t o_step = a.rows_total * kVec;    // float4s between two pieces of a row's O
   for (int idx = tid; idx < m_rows * kVec; idx += Tr::kThreads) {
@@ -238,12 +249,12 @@ __device__ __forceinline__ void merge_splits(const Args<T>& a, int b, int g, int
 #pragma unroll
       for (int u = 0; u < kChunk; ++u) m_new = fmaxf(m_new, l[u]);
       if (m_new == -INFINITY) continue;  // only empty pieces so far (O_s = 0, lse_s = -inf)
-      const float f = expf(m - m_new);   // 0 while m = -inf
+      const float f = __expf(m - m_new);  // 0 while m = -inf
       sum *= f;
       acc.x *= f, acc.y *= f, acc.z *= f, acc.w *= f;
 #pragma unroll
       for (int u = 0; u < kChunk; ++u) {
-        const float e = expf(l[u] - m_new);  // 0 for an empty piece
+        const float e = __expf(l[u] - m_new);  // 0 for an empty piece (ex2.approx: ~2 ulp)
         sum += e;
         acc.x = fmaf(e, v[u].x, acc.x);
         acc.y = fmaf(e, v[u].y, acc.y);
@@ -403,11 +414,16 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) decode_kern
   }
 
   // Merge the warps through shared memory (the K/V stages are free now):
-  //   m = max_w m_w;  l = sum_w 2^(m_w - m) l_w;  O = sum_w 2^(m_w - m) O_w / l
+  //   m = max_w m_w;  l = sum_w 2^(m_w - m) l_w;  O = sum_w (2^(m_w - m) / l) O_w
+  // This runs once per CTA after its last block, on the step's critical path with one warp per
+  // scheduler to hide latency, so it is kept short: 16 threads turn each row's (m_w, l_w) into
+  // the weights 2^(m_w - m) / l, then every thread makes one float4 of O from the warps' float4s.
   __syncthreads();
   float* fO = reinterpret_cast<float*>(smem + Tr::TileQ::kBytes);  // [kNWarps][kRows][kLdO]
   float* fM = fO + Tr::kNWarps * Tr::kRows * Tr::kLdO;              // [kNWarps][kRows]
-  float* fL = fM + Tr::kNWarps * Tr::kRows;
+  float* fL = fM + Tr::kNWarps * Tr::kRows;                         // [kNWarps][kRows]
+  float* fW = fL + Tr::kNWarps * Tr::kRows;                         // [kNWarps][kRows] weights
+  float* fLse = fW + Tr::kNWarps * Tr::kRows;                       // [kRows]
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     float l = softmax.l_i[0][rr];  // this lane's share of the row sum
@@ -424,33 +440,49 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) decode_kern
     }
   }
   __syncthreads();
-  constexpr int D = Tr::kHeadDim;
-  for (int idx = tid; idx < m_rows * D; idx += Tr::kThreads) {
-    const int r = idx / D, col = idx % D;
+  if (tid < Tr::kRows) {
     float m = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < Tr::kNWarps; ++w) m = fmaxf(m, fM[w * Tr::kRows + r]);
-    float l = 0.f, o = 0.f;
-    if (m != -INFINITY) {
+    for (int w = 0; w < Tr::kNWarps; ++w) m = fmaxf(m, fM[w * Tr::kRows + tid]);
+    float f[Tr::kNWarps], l = 0.f;
 #pragma unroll
-      for (int w = 0; w < Tr::kNWarps; ++w) {
-        const float mw = fM[w * Tr::kRows + r];
-        const float f = mw == -INFINITY ? 0.f : exp2f(mw - m);
-        l = fmaf(f, fL[w * Tr::kRows + r], l);
-        o = fmaf(f, fO[(w * Tr::kRows + r) * Tr::kLdO + col], o);
-      }
+    for (int w = 0; w < Tr::kNWarps; ++w) {
+      const float mw = fM[w * Tr::kRows + tid];
+      f[w] = mw == -INFINITY ? 0.f : exp2f(mw - m);
+      l = fmaf(f[w], fL[w * Tr::kRows + tid], l);
     }
     const bool empty = !(l > 0.f);  // an empty split piece, or every key of the piece masked
-    const float out = empty ? 0.f : o / l;
-    const float lse = empty ? -INFINITY : (m + log2f(l)) * mma::kLn2;
+    const float inv = empty ? 0.f : 1.f / l;
+#pragma unroll
+    for (int w = 0; w < Tr::kNWarps; ++w) fW[w * Tr::kRows + tid] = f[w] * inv;
+    fLse[tid] = empty ? -INFINITY : (m + log2f(l)) * mma::kLn2;
+  }
+  __syncthreads();
+  constexpr int kVec = Tr::kHeadDim / 4;  // float4 columns per row
+  for (int idx = tid; idx < m_rows * kVec; idx += Tr::kThreads) {
+    const int r = idx / kVec, c4 = idx % kVec;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < Tr::kNWarps; ++w) {
+      const float wt = fW[w * Tr::kRows + r];
+      const float4 o = *reinterpret_cast<const float4*>(fO + (w * Tr::kRows + r) * Tr::kLdO + 4 * c4);
+      acc.x = fmaf(wt, o.x, acc.x);
+      acc.y = fmaf(wt, o.y, acc.y);
+      acc.z = fmaf(wt, o.z, acc.z);
+      acc.w = fmaf(wt, o.w, acc.w);
+    }
     const int R = r0 + r, hq = g * a.group + R / a.S_new, i = R % a.S_new;
     const int64_t row = (static_cast<int64_t>(b) * a.H + hq) * a.S_new + i;
     if (a.splits == 1) {
-      a.o[b * a.o_st.batch + hq * a.o_st.head + i * a.o_st.row + col] = from_float<T>(out);
-      if (col == 0) a.lse[row] = lse;
+      T* dst = a.o + b * a.o_st.batch + hq * a.o_st.head + i * a.o_st.row + 4 * c4;
+      dst[0] = from_float<T>(acc.x);
+      dst[1] = from_float<T>(acc.y);
+      dst[2] = from_float<T>(acc.z);
+      dst[3] = from_float<T>(acc.w);
+      if (c4 == 0) a.lse[row] = fLse[r];
     } else {
-      a.ws.o[(split * a.rows_total + row) * D + col] = out;
-      if (col == 0) a.ws.lse[split * a.rows_total + row] = lse;
+      reinterpret_cast<float4*>(a.ws.o + (split * a.rows_total + row) * Tr::kHeadDim)[c4] = acc;
+      if (c4 == 0) a.ws.lse[split * a.rows_total + row] = fLse[r];
     }
   }
   if (a.splits > 1) merge_splits<Tr>(a, b, g, r0, m_rows);
@@ -472,9 +504,9 @@ int num_splits(const DecodeParams& p) {
   if (p.num_splits > 0) return p.num_splits;
   const int blocks = (p.max_seqlen + 63) / 64;
   const int64_t tiles = static_cast<int64_t>(p.B) * p.H_kv * row_tiles(p);
-  // Up to one group per SM: one wave of ~1 piece per SM under the deep pipeline. The pieces'
-  // merge, done after the last one on the critical path, grows with their number, and one CTA
-  // per SM with five blocks in flight keeps the SM's share of DRAM busy: measured B1 H_kv8
+  // Up to one group per SM: one wave of ~1 piece per SM, one CTA per SM. The pieces' merge,
+  // done after the last one on the critical path, grows with their number, and one CTA per SM
+  // keeps the SM's share of DRAM busy: measured B1 H_kv8
   // S4096/S32768 steps ran 3-6 % faster with ~1 piece per SM than with ~2, and B16 S8192 1.3 %
   // faster unsplit in one wave than in two pieces per group at two CTAs per SM (docs/PERF.md).
   if (tiles <= p.num_sms) {
@@ -490,8 +522,8 @@ int64_t merge_groups(const DecodeParams& p) { return static_cast<int64_t>(p.B) *
 
 size_t workspace_bytes(const DecodeParams& p) { return decode::split_workspace_bytes(p, num_splits(p), merge_groups(p)); }
 
-// The deep pipeline when the whole grid fits one CTA per SM and the device grants its shared
-// memory (sm_90: 227 KB per CTA; sm_80: 163 KB, which the D = 128 stages exceed).
+// The deep pipeline (head dims below 128) when the whole grid fits one CTA per SM and the device
+// grants its shared memory (sm_90: 227 KB per CTA; sm_80: 163 KB).
 template <class Tr>
 bool use_deep(const DecodeParams& p, const LaunchContext& ctx, int splits) {
   return merge_groups(p) * splits <= static_cast<int64_t>(p.num_sms) &&
