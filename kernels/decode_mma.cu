@@ -639,7 +639,10 @@ KernelMode make_entry() {
   m.head_dims = {32, 64, 96, 128, 256};
 #endif
   m.features = kFeatGQA | kFeatPadding | kFeatPaged;
-  m.uses_atomics = false;
+  // One arrival counter per split group (the last CTA merges); the merge sums the pieces in split
+  // order, so the outputs do not depend on which CTA arrives last.
+  m.uses_atomics = true;
+  m.bitwise_reproducible = true;
   m.dec = &run;
   m.dec_workspace = &workspace_bytes;
   m.dec_splits = &num_splits;

@@ -762,6 +762,7 @@ KernelMode make_entry() {
   m.head_dims = {32, 64, 96, 128, 256};
   m.features = kAllFeatures;
   m.uses_atomics = true;            // dQ: fp32 atomicAdd, order varies run to run
+  m.bitwise_reproducible = false;  // the order of the dQ atomics varies run to run
   m.has_deterministic_path = true;  // params.deterministic: the dQ kernel, no atomics
   m.bwd = &run;
   m.bwd_workspace = &workspace_bytes;

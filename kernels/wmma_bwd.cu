@@ -447,6 +447,7 @@ KernelMode make_entry() {
 #endif
   m.features = kAllFeatures;
   m.uses_atomics = true;
+  m.bitwise_reproducible = false;  // the order of the dQ atomics varies run to run
   m.has_deterministic_path = true;
   m.bwd = &run;
   m.bwd_workspace = &workspace_bytes;

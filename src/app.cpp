@@ -194,6 +194,7 @@ std::string list_kernels(bool as_json) {
                      {"max_head_dim", e->max_head_dim},
                      {"features", features_of(e->features)},
                      {"uses_atomics", e->uses_atomics},
+                     {"bitwise_reproducible", e->bitwise_reproducible},
                      {"deterministic_path", e->has_deterministic_path},
                      {"compiled_archs", e->compiled_archs}});
     }
@@ -207,7 +208,11 @@ std::string list_kernels(bool as_json) {
     for (const std::string& s : dtypes_of(e->dtypes)) dt += (dt.empty() ? "" : ",") + s;
     for (const std::string& s : features_of(e->features)) ft += (ft.empty() ? "" : ",") + s;
     std::string notes = e->gpu ? "" : "host";
-    if (e->uses_atomics) notes += std::string(notes.empty() ? "" : "; ") + "atomics" + (e->has_deterministic_path ? " (--deterministic available)" : "");
+    if (e->uses_atomics) {
+      notes += std::string(notes.empty() ? "" : "; ") + "atomics";
+      notes += e->bitwise_reproducible ? " (reproducible)"
+                                       : e->has_deterministic_path ? " (--deterministic: reproducible)" : " (not reproducible)";
+    }
     out += fmt::format("{:<8} {:<8} {:<4} {:<20} {:<16} {:<50} {}\n", e->kernel, mode_name(e->mode),
                        e->gpu ? std::to_string(e->min_sm) : "-", dt, dims_of(*e), ft, notes);
   }

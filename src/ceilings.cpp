@@ -47,18 +47,18 @@ void cublas_check(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS) throw RuntimeError(std::string(what) + " failed: cuBLAS status " + std::to_string(int(st)));
 }
 
-TimingStats time_it(const std::function<void()>& fn, cudaStream_t stream, const TimingOptions& t, L2Flusher* flusher,
+TimingStats time_it(const std::function<void()>& fn, cudaStream_t stream, const TimingOptions& t, GpuTimer* timer,
                     const DeviceInfo& info) {
   ClockProbe probe;
   probe.sm_clock_mhz = [info] { return nvml_sm_clock_mhz(info); };
   probe.throttle_reasons = [info] { return nvml_slowdown_reasons(info); };
   fn();  // first call outside the statistics: cuBLAS picks and loads its kernel here
   CUDA_CHECK(cudaStreamSynchronize(stream));
-  return time_gpu(fn, stream, t, flusher, &probe);
+  return timer->time(fn, stream, t, &probe);
 }
 
 // One n x n x n GEMM C = A * B with inputs N(0,1) (realistic power draw, unlike zeros).
-TimingStats time_gemm(Scratch& s, int n, DType t, const TimingOptions& timing, L2Flusher* flusher,
+TimingStats time_gemm(Scratch& s, int n, DType t, const TimingOptions& timing, GpuTimer* timer,
                       const DeviceInfo& info) {
   const size_t elems = size_t(n) * n;
   const size_t es = dtype_size(t);
@@ -77,7 +77,7 @@ TimingStats time_gemm(Scratch& s, int n, DType t, const TimingOptions& timing, L
                  "cublasGemmEx");
   };
   NvtxRange range(std::string("ceiling ") + dtype_name(t) + " GEMM " + std::to_string(n));
-  return time_it(gemm, s.stream, timing, flusher, info);
+  return time_it(gemm, s.stream, timing, timer, info);
 }
 
 double tflops_of(double flops, const TimingStats& t) { return t.median_ms > 0 ? flops / (t.median_ms * 1e-3) / 1e12 : 0; }
@@ -94,7 +94,7 @@ Ceilings measure_ceilings(int device, const TimingOptions& timing) {
   cublas_check(cublasSetStream(s.cublas, s.stream), "cublasSetStream");
   cublas_check(cublasSetWorkspace(s.cublas, s.alloc(kCublasWorkspaceBytes), kCublasWorkspaceBytes), "cublasSetWorkspace");
   cublas_check(cublasSetMathMode(s.cublas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
-  L2Flusher flusher(info.l2_bytes);
+  GpuTimer timer(info.l2_bytes);
 
   size_t free = 0, total = 0;
   CUDA_CHECK(cudaMemGetInfo(&free, &total));
@@ -103,9 +103,9 @@ Ceilings measure_ceilings(int device, const TimingOptions& timing) {
     throw InputError(fmt::format("--ceilings: the {}^3 fp32 GEMM needs {:.1f} GiB of GPU memory, {:.1f} GiB free", c.gemm_n,
                                  gemm_bytes / double(1ull << 30), free / double(1ull << 30)));
   const double gemm_flops = 2.0 * c.gemm_n * double(c.gemm_n) * c.gemm_n;
-  c.bf16_gemm = time_gemm(s, c.gemm_n, DType::BF16, timing, &flusher, info);
+  c.bf16_gemm = time_gemm(s, c.gemm_n, DType::BF16, timing, &timer, info);
   c.bf16_tflops = tflops_of(gemm_flops, c.bf16_gemm);
-  c.fp32_gemm = time_gemm(s, c.gemm_n, DType::F32, timing, &flusher, info);
+  c.fp32_gemm = time_gemm(s, c.gemm_n, DType::F32, timing, &timer, info);
   c.fp32_tflops = tflops_of(gemm_flops, c.fp32_gemm);
 
   // Copy: far larger than L2 so it streams from DRAM; a quarter of free memory at most.
@@ -117,7 +117,7 @@ Ceilings measure_ceilings(int device, const TimingOptions& timing) {
   {
     NvtxRange range("ceiling device copy");
     auto copy = [&] { CUDA_CHECK(cudaMemcpyAsync(dst, src, c.copy_bytes, cudaMemcpyDeviceToDevice, s.stream)); };
-    c.copy = time_it(copy, s.stream, timing, &flusher, info);
+    c.copy = time_it(copy, s.stream, timing, &timer, info);
   }
   c.copy_gbps = c.copy.median_ms > 0 ? 2.0 * double(c.copy_bytes) / (c.copy.median_ms * 1e-3) / 1e9 : 0;
   return c;

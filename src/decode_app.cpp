@@ -225,7 +225,7 @@ int run_decode(const AppOptions& opt) {
     const KernelMode& e = *plan[k];
     std::string why = opt.steps > 0 ? decode_sim_unsupported(e, in, so, device >= 0 ? sm : std::max(e.min_sm, 1))
                                     : decode_why_unsupported(e, in.dims, dtype, device >= 0 ? sm : std::max(e.min_sm, 1));
-    if (why.empty() && device < 0) why = "kernel '" + e.kernel + "' needs a GPU: " + no_device;
+    if (why.empty() && device < 0 && e.gpu) why = "kernel '" + e.kernel + "' needs a GPU: " + no_device;
     if (!why.empty() && !all) throw InputError(why);
     skip[k] = why;
   }
@@ -316,6 +316,8 @@ int run_decode(const AppOptions& opt) {
       if (!session) {
         DecodeOptions dopt;
         dopt.device = device, dopt.timing = timing, dopt.check = opt.check, dopt.cpu_threads = opt.threads;
+        dopt.cpu_timing.warmup = std::min(opt.warmup, 1);
+        dopt.cpu_timing.repeat = std::min(opt.repeat, 3);
         dopt.seed = opt.seed, dopt.splits = opt.splits, dopt.keep_caches = opt.write_cache && !opt.no_write;
         session = std::make_unique<DecodeSession>(std::move(in), dopt);  // the caches can be GBs: no copy
       }

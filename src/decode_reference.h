@@ -47,6 +47,14 @@ void decode_reference_rows(const DecodeRefInputs& in, const std::vector<DecodeRo
 // Every row: o [B, H, S_new, D], lse [B, H, S_new].
 void decode_reference(const DecodeRefInputs& in, double* o, double* lse);
 
+// The same-dtype baseline of the fp16/bf16 check rule (reference.h, baseline_forward_rows) at the
+// selected rows: each batch element's step is forward attention of its S_new queries over its L_b
+// keys, causal bottom-right, so the rows of element b are computed as a forward problem over the
+// keys after the append. Not the oracle (which shares nothing with the forward code): the model
+// the tolerance is derived from.
+void decode_baseline_rows(const DecodeRefInputs& in, DType dtype, const std::vector<DecodeRowId>& rows, double* o,
+                          double* lse);
+
 // Element offset of key row j of (b, g) in a cache (contiguous when block_table is null).
 int64_t decode_cache_offset(const DecodeRefInputs& in, const HostArray& cache, int b, int g, int j);
 

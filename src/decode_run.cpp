@@ -21,8 +21,6 @@ namespace flashattn {
 
 namespace {
 
-constexpr const char* kBaselineKernel = "naive";  // the same-dtype baseline of the fp16/bf16 rule
-
 using Buffer = DeviceBuffer;
 
 Buffer upload(const HostArray& a) { return upload_array(a); }
@@ -110,9 +108,9 @@ double decode_kv_bytes(const DecodeDims& d, const HostArray& cache_seqlens, DTyp
 struct DecodeSession::Impl {
   DecodeInputs in;
   DecodeOptions opt;
-  DeviceInfo dev;
+  DeviceInfo dev;  // valid when opt.device >= 0
   cudaStream_t stream = nullptr;
-  std::unique_ptr<L2Flusher> flusher;
+  std::unique_ptr<GpuTimer> timer;
   size_t free_at_start = 0;
 
   bool uploaded = false;
@@ -122,8 +120,7 @@ struct DecodeSession::Impl {
   std::vector<DecodeRowId> rows;
   bool have_reference = false;
   ReferenceRows reference;
-  std::optional<std::vector<std::pair<std::string, ErrorStats>>> baseline;
-  bool baseline_tried = false;
+  std::optional<OutputErrors> baseline;
   std::optional<HostArray> expected_k, expected_v;
 
   const DecodeDims& dims() const { return in.dims; }
@@ -210,6 +207,7 @@ struct DecodeSession::Impl {
 
   struct Step {
     KernelOutputs out;
+    KernelOutputs first;  // the first of the checked run's two back-to-back steps (GPU kernels)
     std::optional<HostArray> k_cache, v_cache;
     TimingStats step, attend;
     int clock_start = -1, clock_end = -1;
@@ -224,7 +222,7 @@ struct DecodeSession::Impl {
     probe.sm_clock_mhz = [info] { return nvml_sm_clock_mhz(info); };
     probe.throttle_reasons = [info] { return nvml_slowdown_reasons(info); };
     if (s) s->clock_start = nvml_sm_clock_mhz(dev);
-    TimingStats t = time_gpu(fn, stream, opt.timing, flusher.get(), &probe);
+    TimingStats t = timer->time(fn, stream, opt.timing, &probe);
     if (s) s->clock_end = nvml_sm_clock_mhz(dev);
     return t;
   }
@@ -252,7 +250,16 @@ struct DecodeSession::Impl {
       e.dec(p, ctx);
     };
     {
+      // Two steps back to back on the same workspace, outputs poisoned before each: the first
+      // call must leave the workspace (split arrival counters) as it found it, or the second,
+      // the one validated, merges wrongly; and both must give the same bits.
       NvtxRange range("check");
+      step();
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      s.first.o = download(o, in.dtype, q_shape());
+      s.first.lse = download(lse, DType::F32, lse_shape());
+      CUDA_CHECK(cudaMemsetAsync(o.get(), 0xFF, o_bytes, stream));
+      CUDA_CHECK(cudaMemsetAsync(lse.get(), 0xFF, lse_bytes, stream));
       step();
       CUDA_CHECK(cudaStreamSynchronize(stream));
     }
@@ -270,6 +277,36 @@ struct DecodeSession::Impl {
       }
     }
     s.device_used = static_cast<long long>(free_at_start) - static_cast<long long>(free_bytes());
+    return s;
+  }
+
+  // A host kernel's step (cpu): the host appends k_new/v_new to copies of the caches, then the
+  // kernel attends over them with host pointers; timed with the host clock.
+  Step run_host_step(const KernelMode& e, bool keep_caches) {
+    const DecodeDims& d = dims();
+    const HostArray* table = in.block_table ? &*in.block_table : nullptr;
+    HostArray kc = append_on_host(in.k_cache, in.k_new, in.cache_seqlens, table, d.page_size);
+    HostArray vc = append_on_host(in.v_cache, in.v_new, in.cache_seqlens, table, d.page_size);
+    DecodeParams p = params();
+    p.q = in.q.bytes.data();
+    p.k_new = in.k_new.bytes.data(), p.v_new = in.v_new.bytes.data();
+    p.k_cache = kc.bytes.data(), p.v_cache = vc.bytes.data();
+    p.cache_seqlens = in.cache_seqlens.data<int32_t>();
+    p.block_table = table ? table->data<int32_t>() : nullptr;
+    p.num_sms = 0;
+    Step s;
+    HostArray o(in.dtype, q_shape()), lse(DType::F32, lse_shape());
+    std::memset(o.bytes.data(), 0xFF, o.nbytes());  // poison: NaN in every dtype
+    std::memset(lse.bytes.data(), 0xFF, lse.nbytes());
+    p.o = o.bytes.data(), p.lse = lse.bytes.data();
+    LaunchContext ctx;
+    ctx.cpu_threads = opt.cpu_threads;
+    auto attend = [&] { e.dec(p, ctx); };
+    attend();
+    s.step = time_cpu(attend, opt.cpu_timing);
+    s.out.o = std::move(o);
+    s.out.lse = std::move(lse);
+    if (keep_caches) s.k_cache = std::move(kc), s.v_cache = std::move(vc);
     return s;
   }
 
@@ -344,16 +381,18 @@ struct DecodeSession::Impl {
     return measure_errors(gather(out), want, dims().D);
   }
 
-  const std::vector<std::pair<std::string, ErrorStats>>* baseline_errors() {
-    if (!baseline_tried) {
-      baseline_tried = true;
-      const KernelMode* nv = Registry::find(kBaselineKernel, Mode::Decode);
-      if (nv && nv->dec && decode_why_unsupported(*nv, dims(), in.dtype, dev.sm()).empty()) {
-        Step s = run_step(*nv, /*timed=*/false, /*keep_caches=*/false);
-        baseline = errors_of(s.out);
-      }
+  // The same-dtype baseline's errors (fp16/bf16) against the reference, on the same rows.
+  const OutputErrors* baseline_errors() {
+    if (!baseline) {
+      select_rows();
+      ReferenceRows b;
+      b.o.resize(rows.size() * dims().D);
+      b.lse.resize(rows.size());
+      NvtxRange range("same-dtype baseline");
+      decode_baseline_rows(ref_inputs(), in.dtype, rows, b.o.data(), b.lse.data());
+      baseline = measure_errors(b, reference_rows(), dims().D);
     }
-    return baseline ? &*baseline : nullptr;
+    return &*baseline;
   }
 
   OutputCheck cache_check(const char* name, const HostArray& got, const HostArray& cache, const HostArray& fresh,
@@ -375,12 +414,28 @@ struct DecodeSession::Impl {
     return c;
   }
 
+  // The second back-to-back step against the first, bit for bit (a kernel declared reproducible).
+  static OutputCheck repeat_check(const Step& s) {
+    OutputCheck c;
+    c.name = "repeat";
+    c.metric = "mismatches";
+    c.rule = "a second step right after the first, on the same workspace, gives the same O and lse bits";
+    c.err.count = s.out.o->numel() + s.out.lse->numel();
+    const double n = double(count_mismatches(*s.out.o, *s.first.o) + count_mismatches(*s.out.lse, *s.first.lse));
+    c.measured = n;
+    c.tolerance = 0;
+    c.passed = n == 0;
+    return c;
+  }
+
   void validate(const KernelMode& e, Step& s, DecodeRecord& rec) {
     auto errs = errors_of(s.out);
     const bool half = in.dtype == DType::F16 || in.dtype == DType::BF16;
-    const bool is_baseline = e.kernel == kBaselineKernel;
-    const auto* base = half && !is_baseline ? baseline_errors() : nullptr;
-    rec.run.check = judge(errs, in.dtype, is_baseline, base);
+    rec.run.check = judge(errs, in.dtype, half ? baseline_errors() : nullptr);
+    if (s.first.o && e.bitwise_reproducible) {
+      rec.run.check.outputs.push_back(repeat_check(s));
+      rec.run.check.passed = rec.run.check.passed && rec.run.check.outputs.back().passed;
+    }
     rec.run.check.rows_checked = static_cast<int64_t>(rows.size());
     rec.run.check.rows_total = int64_t(dims().B) * dims().H * dims().S_new;
     if (s.k_cache && s.v_cache) {
@@ -397,10 +452,11 @@ DecodeSession::DecodeSession(DecodeInputs inputs, DecodeOptions opt) : impl_(std
   Impl& s = *impl_;
   s.in = std::move(inputs);
   s.opt = std::move(opt);
+  if (s.opt.device < 0) return;  // host kernels only
   CUDA_CHECK(cudaSetDevice(s.opt.device));
   s.dev = query_device(s.opt.device);
   CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
-  s.flusher = std::make_unique<L2Flusher>(s.dev.l2_bytes);
+  s.timer = std::make_unique<GpuTimer>(s.dev.l2_bytes);
   size_t total = 0;
   CUDA_CHECK(cudaMemGetInfo(&s.free_at_start, &total));
 }
@@ -409,12 +465,12 @@ DecodeSession::~DecodeSession() {
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
 
-const DeviceInfo* DecodeSession::device() const { return &impl_->dev; }
+const DeviceInfo* DecodeSession::device() const { return impl_->opt.device >= 0 ? &impl_->dev : nullptr; }
 const DecodeInputs& DecodeSession::inputs() const { return impl_->in; }
 
 DecodeRecord DecodeSession::run(const KernelMode& e) {
   Impl& s = *impl_;
-  const std::string why = decode_why_unsupported(e, s.dims(), s.in.dtype, s.dev.sm());
+  const std::string why = decode_why_unsupported(e, s.dims(), s.in.dtype, s.opt.device >= 0 ? s.dev.sm() : 0);
   if (!why.empty()) throw InputError(why);
   if (e.mode != Mode::Decode || !e.dec)
     throw InputError("kernel '" + e.kernel + "' registered decode without an entry point");
@@ -429,11 +485,16 @@ DecodeRecord DecodeSession::run(const KernelMode& e) {
   r.bytes = rec.kv_bytes;
 
   Impl::Step st;
-  {
+  const bool keep = s.opt.keep_caches || s.opt.check;
+  if (e.gpu) {
     NvtxRange range("decode " + e.kernel);
-    st = s.run_step(e, /*timed=*/true, /*keep_caches=*/s.opt.keep_caches || s.opt.check);
+    st = s.run_step(e, /*timed=*/true, keep);
+  } else {
+    st = s.run_host_step(e, keep);
   }
   rec.splits = st.splits;
+  const std::string fault = inject_fault_if_asked(e.kernel, st.out);
+  if (!fault.empty()) r.notes.push_back(fault);
   // Validate before the outputs move into the record: validate() reads st.out.
   if (s.opt.check) s.validate(e, st, rec);
   r.outputs = std::move(st.out);
@@ -441,7 +502,7 @@ DecodeRecord DecodeSession::run(const KernelMode& e) {
   rec.attend = std::move(st.attend);
   r.sm_clock_start_mhz = st.clock_start;
   r.sm_clock_end_mhz = st.clock_end;
-  add_timing_notes(r);
+  if (e.gpu) add_timing_notes(r);
   if (s.opt.keep_caches) {
     rec.k_cache = std::move(st.k_cache);
     rec.v_cache = std::move(st.v_cache);

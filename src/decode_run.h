@@ -34,8 +34,9 @@ struct DecodeInputs {
 };
 
 struct DecodeOptions {
-  int device = 0;
+  int device = 0;            // -1: no GPU (only host kernels: cpu)
   TimingOptions timing;
+  TimingOptions cpu_timing;  // for host kernels (fewer repetitions)
   bool check = false;
   int cpu_threads = 0;
   uint64_t seed = 0;
@@ -73,7 +74,7 @@ class DecodeSession {
   // Runs one decode kernel (InputError if it cannot run this problem; RuntimeError on GPU errors).
   DecodeRecord run(const KernelMode& e);
 
-  const DeviceInfo* device() const;
+  const DeviceInfo* device() const;  // null without a GPU
   const DecodeInputs& inputs() const;
 
  private:

@@ -42,38 +42,13 @@ double percentile(const std::vector<double>& sorted, double q) {
   return sorted[std::min(sorted.size() - 1, rank == 0 ? 0 : rank - 1)];
 }
 
-class Events {
- public:
-  Events() {
-    CUDA_CHECK(cudaEventCreate(&start_));
-    CUDA_CHECK(cudaEventCreate(&stop_));
-  }
-  ~Events() {
-    cudaEventDestroy(start_);
-    cudaEventDestroy(stop_);
-  }
-  Events(const Events&) = delete;
-  Events& operator=(const Events&) = delete;
-  double time(const std::function<void()>& fn, cudaStream_t s) {
-    CUDA_CHECK(cudaEventRecord(start_, s));
-    fn();
-    CUDA_CHECK(cudaEventRecord(stop_, s));
-    CUDA_CHECK(cudaEventSynchronize(stop_));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
-    return ms;
-  }
-
- private:
-  cudaEvent_t start_ = nullptr, stop_ = nullptr;
-};
-
 }  // namespace
 
 std::string decode_sim_unsupported(const KernelMode& dec, const DecodeInputs& shape, const DecodeSimOptions& opt, int sm) {
   const DecodeDims& d = shape.dims;
   const std::string why = decode_why_unsupported(dec, d, shape.dtype, sm);
   if (!why.empty()) return why;
+  if (!dec.gpu) return "--steps: kernel '" + dec.kernel + "' runs on the host; the simulation times GPU kernels";
   const KernelMode* fe = Registry::find(dec.kernel, Mode::Forward);
   if (!fe || !fe->fwd) return "--steps: kernel '" + dec.kernel + "' has no forward pass for the prefill";
   if (fe->uses_cublas) return "--steps: kernel '" + dec.kernel + "' prefills with cuBLAS, which the simulation does not set up";
@@ -110,7 +85,7 @@ DecodeSimResult simulate_decode(const KernelMode& dec, const DecodeInputs& shape
     cudaStream_t s;
     ~StreamGuard() { cudaStreamDestroy(s); }
   } guard{stream};
-  L2Flusher flusher(dev.l2_bytes);
+  GpuTimer timer(dev.l2_bytes);
   LaunchContext ctx;
   ctx.stream = stream, ctx.device = opt.device, ctx.sm = dev.sm(), ctx.sm_count = dev.sm_count;
   ctx.smem_optin = dev.smem_per_block_optin, ctx.l2_bytes = dev.l2_bytes;
@@ -184,7 +159,7 @@ DecodeSimResult simulate_decode(const KernelMode& dec, const DecodeInputs& shape
   TimingStats ttft;
   {
     NvtxRange range("prefill (TTFT)");
-    ttft = time_gpu(prefill, stream, opt.timing, &flusher, nullptr);
+    ttft = timer.time(prefill, stream, opt.timing);
   }
 
   // ---- decode steps ---------------------------------------------------------------------------------
@@ -226,7 +201,6 @@ DecodeSimResult simulate_decode(const KernelMode& dec, const DecodeInputs& shape
   std::vector<double> samples;
   std::vector<double> bytes;
   int splits_first = 1, splits_last = 1;
-  Events ev;
   HostArray lens_arr(DType::I32, {d.B});
   {
     NvtxRange range("decode steps (TBT)");
@@ -243,7 +217,13 @@ DecodeSimResult simulate_decode(const KernelMode& dec, const DecodeInputs& shape
         CUDA_CHECK(cudaStreamSynchronize(stream));
       }
       splits_last = splits;
-      samples.push_back(ev.time(step, stream));
+      if (opt.check && s + 1 == opt.steps) {
+        // The checked step starts from poisoned outputs, as every checked run does: an element it
+        // leaves unwritten reads NaN (outside the step's events).
+        CUDA_CHECK(cudaMemsetAsync(so.get(), 0xFF, so.bytes(), stream));
+        CUDA_CHECK(cudaMemsetAsync(slse.get(), 0xFF, slse.bytes(), stream));
+      }
+      samples.push_back(timer.time_once(step, stream));
       DecodeDims dd = d;
       bytes.push_back(decode_kv_bytes(dd, lens_arr, t));
       if (s + 1 < opt.steps)
@@ -258,6 +238,7 @@ DecodeSimResult simulate_decode(const KernelMode& dec, const DecodeInputs& shape
   r.gpu = true;
   r.timing = summarize(samples);
   r.timing.device_events = true;
+  r.timing.held = GpuTimer::holds_stream();
   r.timing.l2_flush = false;
   r.timing.warmup = 1;
   r.timing.min_samples = opt.steps;
@@ -298,8 +279,15 @@ DecodeSimResult simulate_decode(const KernelMode& dec, const DecodeInputs& shape
       for (int c = 0; c < d.D; ++c) got.o.push_back(element_as_double(*out.o, int64_t(k) * d.D + c));
       got.lse.push_back(element_as_double(*out.lse, int64_t(k)));
     }
-    // No naive baseline here: fp16/bf16 are held to the sanity bound rel L2 <= 4 eps.
-    r.check = judge(measure_errors(got, want, d.D), t, /*is_baseline=*/false, nullptr);
+    OutputErrors base;
+    const bool half = t == DType::F16 || t == DType::BF16;
+    if (half) {
+      ReferenceRows b;
+      b.o.resize(rows.size() * d.D), b.lse.resize(rows.size());
+      decode_baseline_rows(ri, t, rows, b.o.data(), b.lse.data());
+      base = measure_errors(b, want, d.D);
+    }
+    r.check = judge(measure_errors(got, want, d.D), t, half ? &base : nullptr);
     r.check.rows_checked = r.check.rows_total = static_cast<int64_t>(rows.size());
     r.check.note = "the last step, against the cache the run built";
   }

@@ -1,10 +1,12 @@
-// Kernel `cpu`, rung 0: the fp64 reference (reference.cpp) behind the ordinary kernel interface, so
-// the driver can run, time and write outputs of the oracle exactly as it does for a GPU kernel.
+// Kernel `cpu`, rung 0: the fp64 references (reference.cpp, decode_reference.cpp) behind the
+// ordinary kernel interface, so the driver can run, time and write outputs of the oracle exactly
+// as it does for a GPU kernel, on any machine.
 //
-// Every feature, forward and backward, any head dim, inputs in fp32/fp16/bf16/fp64 with any
-// strides. Inputs are gathered to contiguous bhsd doubles (each value exactly as stored), the
+// Every feature, forward, backward and decode, any head dim, inputs in fp32/fp16/bf16/fp64 with
+// any strides. Inputs are gathered to contiguous bhsd doubles (each value exactly as stored), the
 // reference runs in fp64, and each output is rounded once to params.dtype. The backward pass
-// recomputes everything from q, k, v and dout: it never trusts the o and lse it is handed.
+// recomputes everything from q, k, v and dout: it never trusts the o and lse it is handed. A
+// decode step reads the caches the driver updated on the host, through the block table when paged.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "array.h"
+#include "decode_reference.h"
 #include "flashattn/error.h"
 #include "flashattn/registry.h"
 #include "reference.h"
@@ -134,11 +137,48 @@ void run_backward(const BwdParams& p, const LaunchContext& ctx) {
   scatter(dv, p.dv, p.dtype, p.dv_st, p.B, p.H_kv, p.S_k, p.D);
 }
 
+// A strided [n0, n1, n2, D] tensor of `t` -> a contiguous HostArray (same dtype, values as stored).
+HostArray gather_array(const void* p, DType t, const Strides& st, std::vector<int64_t> shape) {
+  HostArray a(t, shape);
+  const size_t es = dtype_size(t), row_bytes = static_cast<size_t>(shape[3]) * es;
+  uint8_t* dst = a.bytes.data();
+  for (int64_t x = 0; x < shape[0]; ++x)
+    for (int64_t y = 0; y < shape[1]; ++y)
+      for (int64_t z = 0; z < shape[2]; ++z, dst += row_bytes)
+        std::memcpy(dst, static_cast<const uint8_t*>(p) + (x * st.batch + y * st.head + z * st.row) * es, row_bytes);
+  return a;
+}
+
+void run_decode(const DecodeParams& p, const LaunchContext& ctx) {
+  const std::vector<int64_t> q_shape = {p.B, p.H, p.S_new, p.D}, new_shape = {p.B, p.H_kv, p.S_new, p.D};
+  const std::vector<int64_t> cache_shape = p.block_table ? std::vector<int64_t>{p.num_blocks, p.H_kv, p.page_size, p.D}
+                                                         : std::vector<int64_t>{p.B, p.H_kv, p.S_max, p.D};
+  const HostArray q = gather_array(p.q, p.dtype, p.q_st, q_shape);
+  const HostArray k_new = gather_array(p.k_new, p.dtype, p.k_new_st, new_shape);
+  const HostArray v_new = gather_array(p.v_new, p.dtype, p.v_new_st, new_shape);
+  const HostArray k_cache = gather_array(p.k_cache, p.dtype, p.k_cache_st, cache_shape);
+  const HostArray v_cache = gather_array(p.v_cache, p.dtype, p.v_cache_st, cache_shape);
+  DecodeRefInputs in;
+  in.B = p.B, in.H = p.H, in.H_kv = p.H_kv, in.S_new = p.S_new, in.D = p.D;
+  in.scale = p.scale_f64 != 0.0 ? p.scale_f64 : static_cast<double>(p.scale);
+  in.q = &q, in.k_new = &k_new, in.v_new = &v_new, in.k_cache = &k_cache, in.v_cache = &v_cache;
+  in.cache_seqlens = p.cache_seqlens;
+  in.block_table = p.block_table;
+  in.block_table_stride = p.block_table_stride;
+  in.page_size = p.page_size;
+  in.threads = ctx.cpu_threads;
+  const size_t rows = static_cast<size_t>(p.B) * p.H * p.S_new;
+  std::vector<double> o(rows * p.D), lse(rows);
+  decode_reference(in, o.data(), lse.data());
+  scatter(o, p.o, p.dtype, p.o_st, p.B, p.H, p.S_new, p.D);
+  for (size_t r = 0; r < rows; ++r) static_cast<float*>(p.lse)[r] = static_cast<float>(lse[r]);
+}
+
 KernelMode base_entry(Mode mode) {
   KernelMode m;
   m.kernel = "cpu";
   m.mode = mode;
-  m.summary = "fp64 CPU reference (the oracle): every feature, forward and backward, multi-threaded";
+  m.summary = "fp64 CPU reference (the oracle): every feature, forward, backward and decode, multi-threaded";
   m.rung = 0;
   m.gpu = false;
   m.min_sm = 0;
@@ -160,8 +200,18 @@ KernelMode backward_entry() {
   return m;
 }
 
+KernelMode decode_entry() {
+  KernelMode m = base_entry(Mode::Decode);
+  m.summary = "fp64 CPU reference (the oracle): every feature, forward, backward and decode, multi-threaded";
+  m.dtypes &= ~dtype_bit(DType::F64);  // decode data are computed in fp32, fp16 or bf16
+  m.features = kFeatGQA | kFeatPadding | kFeatPaged;
+  m.dec = &run_decode;
+  return m;
+}
+
 }  // namespace
 }  // namespace flashattn
 
+FLASHATTN_REGISTER_KERNEL_MODE(cpu_decode, flashattn::decode_entry);
 FLASHATTN_REGISTER_KERNEL_MODE(cpu_forward, flashattn::forward_entry);
 FLASHATTN_REGISTER_KERNEL_MODE(cpu_backward, flashattn::backward_entry);

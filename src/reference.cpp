@@ -1,9 +1,11 @@
 // The oracle: attention forward and backward in fp64, written from the definitions in
-// reference.h and deliberately sharing nothing with the kernels.
+// reference.h and deliberately sharing nothing with the kernels; and, through the same code with
+// fp32 sums and dtype roundings, the same-dtype baseline of the fp16/bf16 rule.
 //
 // Shape of the computation:
 //   forward, per query row:   pass 1 stores the row of scores (one row, O(S_k) memory) and finds
-//                             the max; pass 2 sums exp(s - max) and accumulates P·V.
+//                             the max; pass 2 sums exp(s - max) for lse; pass 3 accumulates
+//                             P·V with P = exp(s - lse).
 //   backward, per query row:  the forward row again (lse_i, O_i, D_i = <dO_i, O_i>), then
 //                             dQ_i = scale * sum_j dS_ij k_j over the stored row of scores.
 //   backward, per key row:    needs lse_i and D_i of every query row of every query head in its
@@ -15,6 +17,7 @@
 #include "reference.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <exception>
@@ -23,8 +26,10 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
+#include "array.h"
 #include "flashattn/error.h"
 
 namespace flashattn {
@@ -32,9 +37,27 @@ namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-// Four independent partial sums: a fixed order (so results never depend on threading) and several
-// times faster than one dependent chain of additions.
-double dot(const double* a, const double* b, int n) {
+// The arithmetic of a model. Exact: the oracle, fp64 throughout, nothing rounded. InDtype: the
+// same-dtype baseline of the fp16/bf16 rule, attention the way a framework's unfused kernels
+// compute it in that dtype (kernels/naive_fwd.cu and naive_bwd.cu do it on the GPU): scores and
+// every sum in fp32, P, dS and the outputs rounded to the dtype. Values always travel as doubles;
+// an InDtype value is exactly a float (or a dtype value) at every step.
+struct Exact {
+  using Acc = double;
+  double stored(double x) const { return x; }  // a value written to memory in the dtype
+};
+struct InDtype {
+  using Acc = float;
+  DType dtype = DType::BF16;
+  double stored(double x) const {
+    const float f = static_cast<float>(x);
+    return dtype == DType::F16 ? half_bits_to_float(float_to_half_bits(f)) : bf16_bits_to_float(float_to_bf16_bits(f));
+  }
+};
+
+// fp64: four independent partial sums, a fixed order (so results never depend on threading) and
+// several times faster than one dependent chain of additions.
+double dot(const double* a, const double* b, int n, double) {
   double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
   int d = 0;
   for (; d + 4 <= n; d += 4) {
@@ -47,21 +70,34 @@ double dot(const double* a, const double* b, int n) {
   return (s0 + s1) + (s2 + s3);
 }
 
-void axpy(double alpha, const double* x, double* y, int n) {
-  for (int d = 0; d < n; ++d) y[d] += alpha * x[d];
+// fp32: one running sum in element order, as a thread of the naive kernel accumulates.
+float dot(const double* a, const double* b, int n, float) {
+  float s = 0.f;
+  for (int d = 0; d < n; ++d) s += static_cast<float>(a[d]) * static_cast<float>(b[d]);
+  return s;
 }
 
-// The problem as the definitions state it: tensor rows, visibility and scores.
+// y += alpha * x in the accumulation type.
+template <class Acc>
+void axpy(double alpha, const double* x, double* y, int n) {
+  const Acc a = static_cast<Acc>(alpha);
+  for (int d = 0; d < n; ++d) y[d] = static_cast<Acc>(y[d]) + a * static_cast<Acc>(x[d]);
+}
+
+// The problem as the definitions state it: tensor rows, visibility and scores, in the arithmetic
+// of `Arith`.
+template <class Arith>
 class Attention {
  public:
-  explicit Attention(const RefInputs& in) : in_(in), dm_(in.dims) {
+  using Acc = typename Arith::Acc;
+
+  Attention(const RefInputs& in, Arith arith) : in_(in), dm_(in.dims), arith_(arith) {
     group_ = dm_.H / dm_.H_kv;
     offset_ = static_cast<int64_t>(dm_.S_k) - dm_.S_q;
   }
 
   const Dims& dims() const { return dm_; }
   int group_size() const { return group_; }
-  double scale() const { return in_.scale; }
 
   const double* q(int b, int h, int i) const { return in_.q + row_index(b, h, dm_.H, dm_.S_q, i); }
   const double* dout(int b, int h, int i) const { return in_.dout + row_index(b, h, dm_.H, dm_.S_q, i); }
@@ -85,12 +121,38 @@ class Attention {
   // thing to everything downstream: they contribute exp(-inf) = 0).
   double score(int b, int h, int i, int j) const {
     if (!visible(b, i, j)) return kNegInf;
-    double s = in_.scale * dot(q(b, h, i), k(b, h / group_, j), dm_.D);
+    Acc s = static_cast<Acc>(in_.scale) * dot(q(b, h, i), k(b, h / group_, j), dm_.D, Acc{});
     if (in_.mask.ptr) {
       const MaskView& m = in_.mask;
-      s += static_cast<double>(m.ptr[b * m.batch + h * m.head + i * m.row + j * m.col]);
+      s += static_cast<Acc>(m.ptr[b * m.batch + h * m.head + i * m.row + j * m.col]);
     }
     return s;
+  }
+
+  // sum_j exp(s_j - m). In fp64 one running sum; in fp32 the naive kernel's order: a warp's 32
+  // lanes each sum every 32nd key, then a butterfly over the lanes.
+  Acc exp_sum(const double* s_row, Acc m) const {
+    if constexpr (std::is_same_v<Acc, double>) {
+      double sum = 0;
+      for (int j = 0; j < dm_.S_k; ++j)
+        if (s_row[j] != kNegInf) sum += std::exp(s_row[j] - m);
+      return sum;
+    } else {
+      std::array<float, 32> lane{};
+      for (int j = 0; j < dm_.S_k; ++j)
+        if (s_row[j] != kNegInf) lane[j % 32] += std::exp(static_cast<float>(s_row[j]) - m);
+      for (int off = 16; off > 0; off /= 2) {
+        std::array<float, 32> next;
+        for (int l = 0; l < 32; ++l) next[l] = lane[l] + lane[l ^ off];
+        lane = next;
+      }
+      return lane[0];
+    }
+  }
+
+  // P_ij = exp(s_ij - lse_i), as stored.
+  double prob(double s, double lse) const {
+    return arith_.stored(std::exp(static_cast<Acc>(s) - static_cast<Acc>(lse)));
   }
 
   // Forward for one query row: fills s_row[0, S_k) with the scores and o[0, D) with O_i; returns
@@ -115,16 +177,20 @@ class Attention {
     if (m == kNegInf) return kNegInf;
     // Subtracting the max keeps every exp <= 1 and the sum >= 1, so nothing overflows and the
     // log of the sum is well conditioned.
-    double sum = 0.0;
+    const Acc lse = static_cast<Acc>(m) + std::log(exp_sum(s_row, static_cast<Acc>(m)));
     const int g = h / group_;
-    for (int j = 0; j < dm_.S_k; ++j) {
-      if (s_row[j] == kNegInf) continue;
-      const double p = std::exp(s_row[j] - m);
-      sum += p;
-      axpy(p, v(b, g, j), o, D);
-    }
-    for (int d = 0; d < D; ++d) o[d] /= sum;
-    return m + std::log(sum);
+    for (int j = 0; j < dm_.S_k; ++j)
+      if (s_row[j] != kNegInf) axpy<Acc>(prob(s_row[j], lse), v(b, g, j), o, D);
+    for (int d = 0; d < D; ++d) o[d] = arith_.stored(o[d]);
+    return lse;
+  }
+
+  // D_i = <dO_i, O_i> over the model's own O_i.
+  double delta(int b, int h, int i, const double* o) const { return dot(dout(b, h, i), o, dm_.D, Acc{}); }
+
+  // dS_ij = P_ij (dP_ij - D_i), as stored.
+  double dscore(double p, const double* dO, const double* vj, double Di) const {
+    return arith_.stored(static_cast<Acc>(p) * (dot(dO, vj, dm_.D, Acc{}) - static_cast<Acc>(Di)));
   }
 
   // dQ_i for one query row (o is scratch of D doubles).
@@ -134,15 +200,13 @@ class Attention {
     std::fill(dq, dq + D, 0.0);
     if (lse == kNegInf) return;  // no visible key: no gradient flows
     const double* dO = dout(b, h, i);
-    const double Di = dot(dO, o, D);
+    const double Di = delta(b, h, i, o);
     const int g = h / group_;
     for (int j = 0; j < dm_.S_k; ++j) {
       if (s_row[j] == kNegInf) continue;
-      const double p = std::exp(s_row[j] - lse);
-      const double dp = dot(dO, v(b, g, j), D);
-      axpy(p * (dp - Di), k(b, g, j), dq, D);
+      axpy<Acc>(dscore(prob(s_row[j], lse), dO, v(b, g, j), Di), k(b, g, j), dq, D);
     }
-    for (int d = 0; d < D; ++d) dq[d] *= in_.scale;
+    for (int d = 0; d < D; ++d) dq[d] = arith_.stored(static_cast<Acc>(in_.scale) * static_cast<Acc>(dq[d]));
   }
 
   // dK_j and dV_j for key j of kv head g, given lse_i and D_i of the group's query rows, indexed
@@ -159,15 +223,16 @@ class Attention {
         if (lse_i == kNegInf) continue;
         const double s = score(b, h, i, j);
         if (s == kNegInf) continue;
-        const double p = std::exp(s - lse_i);
+        const double p = prob(s, lse_i);
         const double* dO = dout(b, h, i);
-        const double dp = dot(dO, vj, D);
-        const double Di = Dt[static_cast<int64_t>(hh) * dm_.S_q + i];
-        axpy(p * (dp - Di), q(b, h, i), dk, D);
-        axpy(p, dO, dv, D);
+        axpy<Acc>(dscore(p, dO, vj, Dt[static_cast<int64_t>(hh) * dm_.S_q + i]), q(b, h, i), dk, D);
+        axpy<Acc>(p, dO, dv, D);
       }
     }
-    for (int d = 0; d < D; ++d) dk[d] *= in_.scale;
+    for (int d = 0; d < D; ++d) {
+      dk[d] = arith_.stored(static_cast<Acc>(in_.scale) * static_cast<Acc>(dk[d]));
+      dv[d] = arith_.stored(dv[d]);
+    }
   }
 
  private:
@@ -177,6 +242,7 @@ class Attention {
 
   const RefInputs& in_;
   Dims dm_;
+  Arith arith_;
   int group_ = 1;
   int64_t offset_ = 0;
 };
@@ -270,13 +336,12 @@ std::vector<RowId> all_rows(int B, int heads, int S) {
   return rows;
 }
 
-}  // namespace
-
-void reference_forward_rows(const RefInputs& in, const std::vector<RowId>& rows, double* o, double* lse) {
+template <class Arith>
+void forward_rows(const RefInputs& in, Arith arith, const std::vector<RowId>& rows, double* o, double* lse) {
   check_inputs(in, /*backward=*/false);
   const Dims& d = in.dims;
   for (const RowId& r : rows) check_row(r, d.H, d.S_q, d, "query");
-  const Attention attn(in);
+  const Attention<Arith> attn(in, arith);
   const int64_t n = static_cast<int64_t>(rows.size());
   const Chunking c = chunk_rows(n, 2.0 * d.S_k * d.D, in.threads);
   parallel_tasks(c.tasks, c.workers, d, [&](int64_t t, Scratch& sc) {
@@ -287,13 +352,14 @@ void reference_forward_rows(const RefInputs& in, const std::vector<RowId>& rows,
   });
 }
 
-void reference_backward_rows(const RefInputs& in, const std::vector<RowId>& q_rows, double* dq,
-                             const std::vector<RowId>& k_rows, double* dk, double* dv) {
+template <class Arith>
+void backward_rows(const RefInputs& in, Arith arith, const std::vector<RowId>& q_rows, double* dq,
+                   const std::vector<RowId>& k_rows, double* dk, double* dv) {
   check_inputs(in, /*backward=*/true);
   const Dims& d = in.dims;
   for (const RowId& r : q_rows) check_row(r, d.H, d.S_q, d, "query");
   for (const RowId& r : k_rows) check_row(r, d.H_kv, d.S_k, d, "key");
-  const Attention attn(in);
+  const Attention<Arith> attn(in, arith);
   const int G = attn.group_size();
 
   // lse_i and D_i of every query row of each (b, kv head) that a key row needs, computed once.
@@ -313,7 +379,7 @@ void reference_backward_rows(const RefInputs& in, const std::vector<RowId>& q_ro
         const int h = g * G + static_cast<int>((r % group_rows) / d.S_q);
         const int i = static_cast<int>(r % d.S_q);
         lse[r] = attn.forward_row(b, h, i, sc.s_row.data(), sc.o.data());
-        Dt[r] = lse[r] == kNegInf ? 0.0 : dot(attn.dout(b, h, i), sc.o.data(), d.D);
+        Dt[r] = lse[r] == kNegInf ? 0.0 : attn.delta(b, h, i, sc.o.data());
       }
     });
   }
@@ -341,6 +407,33 @@ void reference_backward_rows(const RefInputs& in, const std::vector<RowId>& q_ro
       }
     });
   }
+}
+
+void check_baseline_dtype(DType dtype) {
+  if (dtype != DType::F16 && dtype != DType::BF16)
+    throw RuntimeError(std::string("baseline: defined for fp16 and bf16, not ") + dtype_name(dtype));
+}
+
+}  // namespace
+
+void reference_forward_rows(const RefInputs& in, const std::vector<RowId>& rows, double* o, double* lse) {
+  forward_rows(in, Exact{}, rows, o, lse);
+}
+
+void reference_backward_rows(const RefInputs& in, const std::vector<RowId>& q_rows, double* dq,
+                             const std::vector<RowId>& k_rows, double* dk, double* dv) {
+  backward_rows(in, Exact{}, q_rows, dq, k_rows, dk, dv);
+}
+
+void baseline_forward_rows(const RefInputs& in, DType dtype, const std::vector<RowId>& rows, double* o, double* lse) {
+  check_baseline_dtype(dtype);
+  forward_rows(in, InDtype{dtype}, rows, o, lse);
+}
+
+void baseline_backward_rows(const RefInputs& in, DType dtype, const std::vector<RowId>& q_rows, double* dq,
+                            const std::vector<RowId>& k_rows, double* dk, double* dv) {
+  check_baseline_dtype(dtype);
+  backward_rows(in, InDtype{dtype}, q_rows, dq, k_rows, dk, dv);
 }
 
 void reference_forward(const RefInputs& in, double* o, double* lse) {

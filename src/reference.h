@@ -55,4 +55,17 @@ void reference_forward_rows(const RefInputs& in, const std::vector<RowId>& rows,
 void reference_backward_rows(const RefInputs& in, const std::vector<RowId>& q_rows, double* dq,
                              const std::vector<RowId>& k_rows, double* dk, double* dv);
 
+// The same-dtype baseline of the fp16/bf16 check rule (validate.h), on the same rows: attention as
+// a framework's unfused kernels compute it in `dtype` (fp16 or bf16), the rounding points of
+// kernels/naive_fwd.cu and naive_bwd.cu:
+//   S = scale * Q K^T (+ mask) in fp32;  lse in fp32;  P = exp(S - lse) rounded to the dtype
+//   O = P V summed in fp32, rounded;  D_i = <dO_i, O_i> in fp32 over the rounded O
+//   dS = P (dO V^T - D) in fp32, rounded;  dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO summed
+//   in fp32, rounded.
+// The inputs are the dtype's values (as doubles). Computing it on the host for the checked rows
+// only keeps the rule available at any size the kernels can run.
+void baseline_forward_rows(const RefInputs& in, DType dtype, const std::vector<RowId>& rows, double* o, double* lse);
+void baseline_backward_rows(const RefInputs& in, DType dtype, const std::vector<RowId>& q_rows, double* dq,
+                            const std::vector<RowId>& k_rows, double* dk, double* dv);
+
 }  // namespace flashattn

@@ -41,29 +41,6 @@ json error_json(const ErrorStats& e) {
   return j;
 }
 
-json check_json(const CheckResult& c) {
-  if (!c.performed) return c.note.empty() ? json(nullptr) : json{{"performed", false}, {"note", c.note}};
-  json outs = json::object();
-  for (const OutputCheck& o : c.outputs) {
-    json j = error_json(o.err);
-    j["rule"] = o.rule;
-    j["metric"] = o.metric;
-    j["measured"] = num(o.measured);
-    j["tolerance"] = num(o.tolerance);
-    j["baseline"] = o.baseline >= 0 ? num(o.baseline) : json(nullptr);
-    j["passed"] = o.passed;
-    outs[o.name] = j;
-  }
-  return {{"performed", true},
-          {"passed", c.passed},
-          {"reference", c.reference},
-          {"rows_checked", c.rows_checked},
-          {"rows_total", c.rows_total},
-          {"key_rows_checked", c.key_rows_checked},
-          {"key_rows_total", c.key_rows_total},
-          {"outputs", outs}};
-}
-
 }  // namespace
 
 json timing_json(const TimingStats& t, int clock_start_mhz, int clock_end_mhz) {
@@ -71,9 +48,14 @@ json timing_json(const TimingStats& t, int clock_start_mhz, int clock_end_mhz) {
   for (double s : t.samples_ms) samples.push_back(num(s));
   const ClockStats& c = t.clock;
   const bool sampled = c.samples > 0;
+  const char* method = !t.device_events ? "host_clock" : t.held ? kHeldStreamMethod : "events";
   return {{"unit", "ms"},
           {"clock", t.device_events ? "cuda_events" : "host_steady_clock"},
+          {"method", method},
+          {"hold_timeouts", t.hold_timeouts},
+          {"batches_rerun", t.batches_rerun},
           {"mode", t.l2_flush ? "cold" : "hot"},
+          {"flush_method", t.l2_flush ? json(L2Flusher::kMethod) : json(nullptr)},
           {"warmup", t.warmup},
           {"repeat", static_cast<int>(t.samples_ms.size())},
           {"min_samples", t.min_samples},
@@ -98,6 +80,32 @@ json timing_json(const TimingStats& t, int clock_start_mhz, int clock_end_mhz) {
           {"sm_clock_mean_mhz", sampled ? num(c.mean_mhz) : json(nullptr)},
           {"throttled", sampled || c.reasons ? json(c.throttled) : json(nullptr)},
           {"throttle_reasons", slowdown_reason_names(c.reasons)}};
+}
+
+json check_json(const CheckResult& c) {
+  if (!c.performed) return c.note.empty() ? json(nullptr) : json{{"performed", false}, {"note", c.note}};
+  json outs = json::object();
+  for (const OutputCheck& o : c.outputs) {
+    json j = error_json(o.err);
+    j["rule"] = o.rule;
+    j["metric"] = o.metric;
+    j["measured"] = num(o.measured);
+    j["tolerance"] = num(o.tolerance);
+    j["baseline"] = o.baseline >= 0 ? num(o.baseline) : json(nullptr);
+    j["baseline_bound"] = o.baseline_bound >= 0 ? num(o.baseline_bound) : json(nullptr);
+    j["baseline_passed"] = o.baseline >= 0 ? json(o.baseline_passed) : json(nullptr);
+    j["passed"] = o.passed;
+    outs[o.name] = j;
+  }
+  return {{"performed", true},
+          {"passed", c.passed},
+          {"reference", c.reference},
+          {"baseline", c.baseline.empty() ? json(nullptr) : json(c.baseline)},
+          {"rows_checked", c.rows_checked},
+          {"rows_total", c.rows_total},
+          {"key_rows_checked", c.key_rows_checked},
+          {"key_rows_total", c.key_rows_total},
+          {"outputs", outs}};
 }
 
 json device_json(const DeviceInfo* d, const std::string& no_device_reason, int clock_start, int clock_end) {

@@ -34,6 +34,8 @@ struct ReportHeader {
 nlohmann::json timing_json(const TimingStats& t, int clock_start_mhz, int clock_end_mhz);
 nlohmann::json device_json(const DeviceInfo* d, const std::string& no_device_reason, int clock_start, int clock_end);
 nlohmann::json run_json(const ReportHeader& h, const RunRecord& r);
+// The "check" object of a run (null when not performed).
+nlohmann::json check_json(const CheckResult& c);
 nlohmann::json session_json(const ReportHeader& h, const std::vector<RunRecord>& runs);
 
 // The comparison table: one row per run, speedup against `baseline` (kernel name) in the same mode.

@@ -59,8 +59,9 @@ struct KernelMode {
   std::vector<int> head_dims;   // supported head dims; empty: any D in [1, max_head_dim]
   int max_head_dim = 0;         // with empty head_dims: the largest D (0: unbounded)
   uint32_t features = 0;        // OR of Feature bits
-  bool uses_atomics = false;    // results may differ bitwise between runs by default
-  bool has_deterministic_path = false;  // honours FwdParams::deterministic
+  bool uses_atomics = false;    // issues atomic memory operations (dQ reductions, arrival counters)
+  bool bitwise_reproducible = true;     // by default, the same outputs bit for bit run after run
+  bool has_deterministic_path = false;  // honours FwdParams::deterministic (then reproducible)
   bool uses_cublas = false;     // needs LaunchContext::cublas (the driver creates the handle)
 
   // Filled in by the registration macro: the archs the registering file was compiled for.

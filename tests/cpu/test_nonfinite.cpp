@@ -101,12 +101,12 @@ TEST(CheckPath, NanInAKernelOutputFailsAgainstAFiniteReference) {
   const ReferenceRows want = compute_reference(in, sel, /*backward=*/false);
 
   const CheckResult clean = judge(measure_errors(gather_rows(out, sel, d, Layout::BHSD), want, d.D), DType::F64,
-                                  false, nullptr);
+                                  nullptr);
   EXPECT_TRUE(clean.passed);
 
   out.o->data<double>()[5] = kNaN;
   const auto errors = measure_errors(gather_rows(out, sel, d, Layout::BHSD), want, d.D);
-  const CheckResult bad = judge(errors, DType::F64, false, nullptr);
+  const CheckResult bad = judge(errors, DType::F64, nullptr);
   EXPECT_FALSE(bad.passed);
   for (const OutputCheck& c : bad.outputs) {
     if (c.name == "O") {

@@ -50,33 +50,61 @@ std::vector<std::pair<std::string, ErrorStats>> one(const char* name, double max
 }
 
 TEST(Judge, Fp32UsesRelativeL2OfOneInAHundredThousand) {
-  EXPECT_TRUE(judge(one("O", 1, 0.9e-5), DType::F32, false, nullptr).passed);
-  EXPECT_FALSE(judge(one("O", 1, 1.1e-5), DType::F32, false, nullptr).passed);
+  EXPECT_TRUE(judge(one("O", 1, 0.9e-5), DType::F32, nullptr).passed);
+  EXPECT_FALSE(judge(one("O", 1, 1.1e-5), DType::F32, nullptr).passed);
 }
 
 TEST(Judge, Fp32OutputThatIsZeroBySymmetryIsHeldToAnAbsoluteRmsError) {
   ErrorStats e = compare_values({3e-7, -2e-7}, {0, 0}, 1, 1e-3);
-  EXPECT_TRUE(judge({{"dK", e}}, DType::F32, false, nullptr).passed);
+  EXPECT_TRUE(judge({{"dK", e}}, DType::F32, nullptr).passed);
   e = compare_values({3e-5, -2e-5}, {0, 0}, 1, 1e-3);
-  EXPECT_FALSE(judge({{"dK", e}}, DType::F32, false, nullptr).passed);
+  EXPECT_FALSE(judge({{"dK", e}}, DType::F32, nullptr).passed);
 }
 
-TEST(Judge, HalfPrecisionAllowsTwiceTheNaiveErrorForOutputs) {
-  auto naive = one("O", 1e-3, 0);
-  EXPECT_TRUE(judge(one("O", 1.9e-3, 0), DType::BF16, false, &naive).passed);
-  EXPECT_FALSE(judge(one("O", 2.2e-3, 0), DType::BF16, false, &naive).passed);
+// A baseline error of 1e-3 against max|ref| = 1 is within bf16's bound (2 x 2^-7 x 1 = 0.0156).
+TEST(Judge, HalfPrecisionAllowsTwiceTheBaselineErrorForOutputs) {
+  auto base = one("O", 1e-3, 0);
+  EXPECT_TRUE(judge(one("O", 1.9e-3, 0), DType::BF16, &base).passed);
+  EXPECT_FALSE(judge(one("O", 2.2e-3, 0), DType::BF16, &base).passed);
 }
 
-TEST(Judge, HalfPrecisionAllowsThreeTimesTheNaiveErrorForGradients) {
-  auto naive = one("dK", 1e-3, 0);
-  EXPECT_TRUE(judge(one("dK", 2.9e-3, 0), DType::F16, false, &naive).passed);
-  EXPECT_FALSE(judge(one("dK", 3.2e-3, 0), DType::F16, false, &naive).passed);
+TEST(Judge, HalfPrecisionAllowsThreeTimesTheBaselineErrorForGradients) {
+  auto base = one("dK", 1e-3, 0);  // fp16's bound: 2 x 2^-10 = 1.95e-3
+  EXPECT_TRUE(judge(one("dK", 2.9e-3, 0), DType::F16, &base).passed);
+  EXPECT_FALSE(judge(one("dK", 3.2e-3, 0), DType::F16, &base).passed);
+}
+
+TEST(Judge, ABaselineOutsideItsBoundFailsTheCheckAndSaysSo) {
+  auto base = one("O", 0.05, 0);  // bf16 bound at max|ref| = 1: 2 x 2^-7 = 0.0156
+  const CheckResult c = judge(one("O", 1e-4, 0), DType::BF16, &base);
+  EXPECT_FALSE(c.passed);
+  ASSERT_EQ(c.outputs.size(), 1u);
+  EXPECT_FALSE(c.outputs[0].baseline_passed);
+  EXPECT_NE(c.outputs[0].rule.find("baseline out of bounds"), std::string::npos) << c.outputs[0].rule;
+  // The tolerance is capped at factor x bound (+ floor), never factor x the bad baseline.
+  EXPECT_NEAR(c.outputs[0].tolerance, 2 * 2 * std::ldexp(1.0, -7) + 1e-6, 1e-12);
+}
+
+TEST(Judge, TheRecordNamesTheBaselineItsBoundAndTheTolerance) {
+  auto base = one("lse", 2e-7, 0);
+  const CheckResult c = judge(one("lse", 3e-7, 0), DType::F16, &base);
+  EXPECT_TRUE(c.passed);
+  EXPECT_EQ(c.baseline, "cpu-naive-fp16");
+  EXPECT_DOUBLE_EQ(c.outputs[0].baseline, 2e-7);
+  EXPECT_NEAR(c.outputs[0].baseline_bound, kLseBaselineBound * std::ldexp(1.0, -23), 1e-18);
+  EXPECT_NEAR(c.outputs[0].tolerance, 2 * 2e-7 + 1e-6, 1e-18);
+}
+
+TEST(Judge, HalfPrecisionWithoutABaselineFallsBackToTheSanityBound) {
+  const CheckResult c = judge(one("O", 1, 1e-3), DType::BF16, nullptr);
+  EXPECT_EQ(c.outputs[0].metric, "rel_l2");
+  EXPECT_NE(c.outputs[0].rule.find("no same-dtype baseline"), std::string::npos);
 }
 
 TEST(Judge, NonFiniteValuesFailRegardlessOfTheMetric) {
   auto errs = one("O", 0, 0);
   errs[0].second.nonfinite = 1;
-  EXPECT_FALSE(judge(errs, DType::F32, false, nullptr).passed);
+  EXPECT_FALSE(judge(errs, DType::F32, nullptr).passed);
 }
 
 TEST(SelectRows, SmallProblemsCheckEveryRow) {

@@ -4,8 +4,9 @@
 // batches whose cache lengths differ and include an empty cache; and a cache longer than 64k.
 // Each case runs one decode step (update-cache kernel + attention) with O and lse poisoned, and is
 // checked against the fp64 decode reference with the rules of --check (fp32 rel L2 1e-5; fp16/bf16
-// 2x the naive decode kernel's max error), the updated caches bit for bit against the host's
-// append. Skipped (with the reason) where the kernel does not declare what the case needs.
+// 2x the same-dtype baseline's max error), the updated caches bit for bit against the host's
+// append; a split case also runs with more pieces than one wave of CTAs. Skipped (with the reason)
+// where the kernel does not declare what the case needs.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -97,6 +98,16 @@ std::vector<DecodeCase> matrix_cases() {
                       "_splits" + std::to_string(sp);
               cases.push_back({e, t, D0, s});
             }
+      // More split pieces than one wave of CTAs (2 x 8 groups x 200 pieces = 3200 CTAs), so pieces
+      // of one group finish in different waves and the arrival counters see every interleaving.
+      if (e->dec_splits) {
+        DecodeShape s;
+        s.B = 2, s.H = 16, s.H_kv = 8, s.S_new = 1;
+        s.lens = std::vector<int>{20000, 9000};
+        s.splits = 200;
+        s.tag = "splits200_waves";
+        cases.push_back({e, t, D0, s});
+      }
       // A cache longer than 64k keys, contiguous and paged, split (the kernel's choice) and not.
       for (int page : {0, 256})
         for (int sp : {0, 1}) {
@@ -190,6 +201,33 @@ TEST_P(DecodeMatrix, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Registry, DecodeMatrix, testing::ValuesIn(matrix_cases()), case_name);
 
+// The checked run makes two steps back to back on one workspace: a kernel that left its split
+// arrival counters dirty would merge the second step wrongly. Both results are checked: the second
+// against the reference, the first against the second bit for bit ("repeat").
+class DecodeCounters : public testing::TestWithParam<const KernelMode*> {};
+
+TEST_P(DecodeCounters, ArrivalCountersResetBetweenBackToBackSteps) {
+  const KernelMode* e = GetParam();
+  if (!e->dec_splits) GTEST_SKIP() << "kernel '" << e->kernel << "' does not split";
+  DecodeShape s;
+  s.B = 2, s.H = 16, s.H_kv = 8, s.S_new = 1, s.splits = 200;
+  s.lens = std::vector<int>{20000, 9000};
+  const DecodeCase c{e, (e->dtypes & dtype_bit(DType::BF16)) ? DType::BF16 : DType::F32, representative_dim(*e), s};
+  DecodeInputs in = make_inputs(c, 555);
+  if (!decode_why_unsupported(*e, in.dims, c.dtype, query_device(test_device()).sm()).empty()) GTEST_SKIP();
+  DecodeOptions o = options(true);
+  o.splits = s.splits;
+  DecodeSession session(std::move(in), o);
+  const DecodeRecord r = session.run(*e);
+  EXPECT_EQ(r.splits, 200);
+  bool repeat = false;
+  for (const OutputCheck& out : r.run.check.outputs) {
+    EXPECT_TRUE(out.passed) << out.name << ": " << out.rule << " measured " << out.measured;
+    repeat = repeat || out.name == "repeat";
+  }
+  EXPECT_TRUE(repeat) << "the checked run did not compare two back-to-back steps";
+}
+
 std::vector<const KernelMode*> decode_entries() {
   std::vector<const KernelMode*> v;
   for (const KernelMode* e : Registry::entries())
@@ -240,7 +278,8 @@ TEST_P(DecodePaging, PagedAndContiguousCachesGiveIdenticalOutputs) {
 
 INSTANTIATE_TEST_SUITE_P(Registry, DecodePaging, testing::ValuesIn(decode_entries()), entry_name);
 
-// No atomics in any decode kernel: a step run twice gives the same bits.
+// Every decode kernel is declared bitwise reproducible (mma's arrival counters only pick which CTA
+// merges; the merge order is fixed): a step run twice gives the same bits.
 class DecodeDeterminism : public testing::TestWithParam<const KernelMode*> {};
 
 TEST_P(DecodeDeterminism, RepeatedStepsAreBitwiseIdentical) {
@@ -258,6 +297,7 @@ TEST_P(DecodeDeterminism, RepeatedStepsAreBitwiseIdentical) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Registry, DecodeDeterminism, testing::ValuesIn(decode_entries()), entry_name);
+INSTANTIATE_TEST_SUITE_P(Registry, DecodeCounters, testing::ValuesIn(decode_entries()), entry_name);
 
 }  // namespace
 }  // namespace flashattn

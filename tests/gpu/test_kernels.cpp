@@ -1,7 +1,8 @@
 // GPU test matrix, derived from the kernel registry: every registered GPU kernel x mode x dtype x
 // head dim it declares, on awkward shapes (S = 1, 17, 100, 1023 vs 1024, S_q != S_k with causal,
-// GQA, window, key padding, additive mask, fully masked rows, bshd), checked against the fp64 cpu
-// reference with outputs poisoned (NaN) before the run. A case whose features the kernel does not
+// GQA, window, key padding, additive mask, fully masked rows, bshd, and S = 4096 and 8192 checked
+// on sampled rows), checked against the fp64 cpu reference with outputs poisoned (NaN) before the
+// run. A case whose features the kernel does not
 // declare is skipped, not failed. Exits 77 (ctest: skipped) when no CUDA device is present.
 #include <gtest/gtest.h>
 
@@ -59,6 +60,10 @@ const std::vector<Shape>& shape_matrix() {
     v.push_back({3, 2, 2, 96, 160, false, -1, -1, true, false, false, "padding"});
     v.push_back({2, 2, 2, 77, 130, false, -1, -1, false, true, false, "mask"});
     v.push_back({2, 4, 2, 65, 140, true, -1, -1, false, false, true, "bshd_gqa_causal"});
+    // Long sequences, checked on sampled rows (kLongCheckBudget below): more query rows than the
+    // budget covers, and for backward every key row of one sampled (batch, kv head) group.
+    v.push_back({2, 4, 4, 4096, 4096, true, -1, -1, false, false, false, "s4096_causal_sampled"});
+    v.push_back({1, 4, 2, 8192, 8192, false, -1, -1, false, false, false, "s8192_gqa_sampled"});
     return v;
   }();
   return shapes;
@@ -159,6 +164,11 @@ RunInputs make_inputs(const Case& c, uint64_t seed) {
 
 int g_device = 0;
 
+// The long shapes check sampled rows with a smaller reference budget than --check's (8e9
+// multiply-adds): the matrix has dozens of them, and the sample still spans every head.
+constexpr int64_t kLongScores = int64_t(4096) * 4096;
+constexpr double kLongCheckBudget = 2e9;
+
 class KernelMatrix : public testing::TestWithParam<Case> {};
 
 TEST_P(KernelMatrix, MatchesReference) {
@@ -172,9 +182,14 @@ TEST_P(KernelMatrix, MatchesReference) {
   so.timing.repeat = 1;
   so.timing.flush_l2 = false;
   so.check = true;
+  const bool long_case = int64_t(c.s.S_q) * c.s.S_k >= kLongScores;
+  if (long_case) so.check_budget_macs = kLongCheckBudget;
   Session session(std::move(in), so);
   RunRecord r = session.run(*c.entry);
   ASSERT_TRUE(r.check.performed);
+  if (long_case) {
+    EXPECT_LT(r.check.rows_checked, r.check.rows_total) << "a long case must sample its rows";
+  }
   for (const OutputCheck& o : r.check.outputs) {
     EXPECT_TRUE(o.passed) << o.name << ": " << o.metric << " " << o.measured << " vs tolerance " << o.tolerance
                           << " [" << o.rule << "], nonfinite " << o.err.nonfinite << ", max_abs " << o.err.max_abs
@@ -184,7 +199,8 @@ TEST_P(KernelMatrix, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Registry, KernelMatrix, testing::ValuesIn(all_cases()), case_name);
 
-// Kernels that declare no atomics give bitwise-identical outputs run after run.
+// Kernels that declare themselves bitwise reproducible (or that have a deterministic path, taken
+// here) give bitwise-identical outputs run after run.
 class Determinism : public testing::TestWithParam<const KernelMode*> {};
 
 TEST_P(Determinism, RepeatedRunsAreBitwiseIdentical) {
@@ -213,7 +229,7 @@ TEST_P(Determinism, RepeatedRunsAreBitwiseIdentical) {
 std::vector<const KernelMode*> deterministic_entries() {
   std::vector<const KernelMode*> v;
   for (const KernelMode* e : Registry::entries())
-    if (e->gpu && (!e->uses_atomics || e->has_deterministic_path) && e->mode != Mode::Decode) v.push_back(e);
+    if (e->gpu && (e->bitwise_reproducible || e->has_deterministic_path) && e->mode != Mode::Decode) v.push_back(e);
   return v;
 }
 

@@ -54,7 +54,7 @@ def test_list_shows_every_registered_kernel_and_mode():
     names = {e["kernel"] for e in entries}
     assert {"cpu", "naive", "cublas"} <= names
     cpu = [e for e in entries if e["kernel"] == "cpu"]
-    assert {e["mode"] for e in cpu} == {"forward", "backward"}
+    assert {e["mode"] for e in cpu} == {"forward", "backward", "decode"}
 
 
 @pytest.mark.parametrize(
@@ -123,9 +123,15 @@ def test_output_dir_cannot_overwrite_inputs(small):
     assert "input" in p.stderr
 
 
-def test_check_on_the_cpu_kernel_says_it_is_the_reference(small):
-    p = run("--compute", "cpu", "--data", small, "--no-write", "--check", check=0)
+def test_check_on_the_cpu_kernel_says_it_is_the_reference_in_fp64(small):
+    p = run("--compute", "cpu", "--data", small, "--dtype", "fp64", "--no-write", "--check", check=0)
     assert "ref" in p.stdout
+
+
+def test_check_on_the_cpu_kernel_in_fp32_checks_its_rounded_outputs(small):
+    p = run("--compute", "cpu", "--data", small, "--no-write", "--check", "--json", "-", check=0)
+    check = json.loads(p.stdout)["runs"][0]["check"]
+    assert check["performed"] and check["passed"] and check["outputs"]["O"]["rel_l2"] < 1e-7
 
 
 def test_head_dim_the_kernel_does_not_support_is_an_input_error(tmp_path):
