@@ -17,6 +17,7 @@ out=${GPU_CHECK_OUT:-$root/results/gpu_check}
 source "$root/scripts/lib.sh"
 mkdir -p "$out"
 PY=${PYTHON:-python3}
+export NCCL_NVLS_ENABLE=0
 status=0
 
 nvidia-smi --query-gpu=name,compute_cap,clocks.sm,clocks.max.sm,memory.used,memory.total --format=csv || true
@@ -71,11 +72,12 @@ PYEOF
       --json "$out/$name.flashattn.json" --quiet >"$out/$name.flashattn.txt" 2>&1 ||
       { status=1; echo "flashattn failed on $name:"; tail -n 5 "$out/$name.flashattn.txt"; }
     if [ -f "$root/scripts/peers.py" ]; then
-      "$PY" "$root/scripts/peers.py" "$data/$name" --mode both $fargs --json "$out/$name.peers.json" \
+      "$PY" "$root/scripts/peers.py" --capi "$build/libflashattn_capi.so" "$data/$name" --mode both $fargs \
+        --json "$out/$name.peers.json" \
         >"$out/$name.peers.txt" 2>&1 || { status=1; tail -n 5 "$out/$name.peers.txt"; }
     fi
   done
-  say "comparison (ratio = PyTorch SDPA time / kernel time; >1 means faster than that backend)"
+  say "comparison (ratio = PyTorch SDPA median time / kernel median time; >1 means faster than that backend)"
   "$PY" "$root/scripts/report.py" --table --baseline peers "$out"/*.json || status=1
 fi
 exit $status
