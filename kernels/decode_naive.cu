@@ -1,7 +1,7 @@
 // naive, decode — rung 1 of the ladder in decode mode: one decode step's attention exactly as the
 // formula reads, every intermediate in global memory, over the cache the update-cache kernel has
-// just extended. It is the same-dtype baseline of the fp16/bf16 check rule, so its rounding points
-// are those of the naive forward (an unfused framework attention):
+// just extended. Its rounding points are those of the naive forward (an unfused framework
+// attention) and of the same-dtype baseline of the check rule (decode_reference.h):
 //   S_ij = scale * <q_i, k_j>  for j <= cache_seqlens[b] + i, else -inf   fp32 accumulate, S in fp32
 //   lse_i = log sum_j exp(S_ij);  P_ij = exp(S_ij - lse_i)                   P stored in the dtype
 //   O_i = sum_j P_ij v_j                                                     fp32 accumulate

@@ -1,5 +1,6 @@
 // naive, backward — rung 1 of the ladder: the gradient formulas evaluated one output element per
-// thread, every intermediate materialised in global memory; the same-dtype baseline of backward.
+// thread, every intermediate materialised in global memory, with the rounding points of the
+// same-dtype baseline of backward (reference.h).
 //   P_ij  = exp(scale * q_i.k_j + mask_ij - lse_i)   recomputed from the forward's lse, stored in dtype
 //   D_i   = rowsum(dO_i * O_i)                       fp32
 //   dS_ij = P_ij (dO_i.v_j - D_i)                    fp32 accumulate, stored in dtype

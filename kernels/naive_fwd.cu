@@ -1,7 +1,7 @@
 // naive, forward — rung 1 of the ladder: attention exactly as the formula reads, every intermediate
-// in global memory. It adds nothing over the CPU reference except running on the GPU; it is the
-// same-dtype baseline of the validation rule (standard attention computed in the dtype), so its
-// rounding points are those of a framework's unfused attention:
+// in global memory. It adds nothing over the CPU reference except running on the GPU. Its rounding
+// points are those of a framework's unfused attention, and of the same-dtype baseline the
+// fp16/bf16 check rule is derived from (reference.h, computed on the host for the checked rows):
 //   S = scale * Q K^T (+ mask; invisible keys -> -inf)   fp32 accumulate, S stored in fp32
 //   lse_i = log sum_j exp(S_ij);  P_ij = exp(S_ij - lse_i)  P stored in the dtype (rounded)
 //   O = P V                                               fp32 accumulate, O stored in the dtype
