@@ -4,6 +4,7 @@
 #include <cmath>
 #include <set>
 
+#include "array.h"
 #include "validate.h"
 
 namespace flashattn {
@@ -105,6 +106,32 @@ TEST(Judge, NonFiniteValuesFailRegardlessOfTheMetric) {
   auto errs = one("O", 0, 0);
   errs[0].second.nonfinite = 1;
   EXPECT_FALSE(judge(errs, DType::F32, nullptr).passed);
+}
+
+// The same-dtype baseline costs the sampled rows only, like the reference: a 131072-token problem
+// is checked with memory linear in S (the old GPU baseline needed B·H·S² scores).
+TEST(Baseline, LongSequencesAreCheckedOnSampledRowsWithinTheBound) {
+  const Dims d{1, 4, 4, 131072, 131072, 8};
+  const int64_t n = int64_t(d.B) * d.H * d.S_q * d.D;
+  std::vector<double> q(n), k(n), v(n);
+  uint64_t x = 12345;
+  auto next = [&] {  // a small LCG: values in [-1, 1), exact in bf16 after rounding below
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return std::ldexp(double(int64_t(x >> 40) - (1 << 23)), -23);
+  };
+  for (auto* a : {&q, &k, &v})
+    for (double& e : *a) e = double(bf16_bits_to_float(float_to_bf16_bits(float(next()))));
+  RefInputs in;
+  in.dims = d;
+  in.scale = 1.0 / std::sqrt(8.0);
+  in.causal = true;
+  in.q = q.data(), in.k = k.data(), in.v = v.data();
+  const RowSelection sel = select_rows(d, /*backward=*/false, 1e8, 3);
+  EXPECT_EQ(sel.q_rows.size(), 256u);
+  const ReferenceRows ref = compute_reference(in, sel, false);
+  const OutputErrors base = measure_errors(compute_baseline(in, sel, false, DType::BF16), ref, d.D);
+  const CheckResult c = judge(base, DType::BF16, &base);  // the baseline judged as a kernel: within its own rule
+  for (const OutputCheck& o : c.outputs) EXPECT_TRUE(o.baseline_passed) << o.name << ": " << o.rule;
 }
 
 TEST(SelectRows, SmallProblemsCheckEveryRow) {
