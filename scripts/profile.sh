@@ -48,9 +48,12 @@ filter=()
 [ -n "${PROFILE_KERNEL_REGEX:-}" ] && filter=(-k "regex:$PROFILE_KERNEL_REGEX")
 
 echo "== ncu --set full on one timed repetition of $kernel $mode $shape"
-"$NCU" --set full --clock-control none --nvtx --nvtx-include "timed/" "${filter[@]}" -f -o "$out/$name" \
-  "$build/flashattn" --compute "$kernel" --mode "$mode" --data "$data" --dtype "$dtype" $causal \
-  --warmup 0 --repeat 1 --max-noise 0 --no-write --json "$out/$name.json" --quiet "$@" >"$out/$name.log" 2>&1
+# ncu flushes the caches before every profiled kernel itself (--cache-control all) and serialises
+# launches, so the run neither flushes (the flush's read kernel would be profiled too) nor holds
+# its stream.
+FLASHATTN_TIMING_HOLD=0 "$NCU" --set full --clock-control none --nvtx --nvtx-include "timed/" "${filter[@]}" -f \
+  -o "$out/$name" "$build/flashattn" --compute "$kernel" --mode "$mode" --data "$data" --dtype "$dtype" $causal \
+  --warmup 0 --repeat 1 --max-noise 0 --no-flush --no-write --json "$out/$name.json" --quiet "$@" >"$out/$name.log" 2>&1
 rc=$?
 grep -E "==(PROF|ERROR|WARNING)==" "$out/$name.log" | grep -v "Profiling \"" | tail -n 5
 [ $rc -eq 0 ] || { echo "profile.sh: ncu exited $rc; see $out/$name.log" >&2; tail -n 5 "$out/$name.log" >&2; exit 1; }

@@ -37,7 +37,8 @@ if [ "${1:-}" = "__run" ]; then
   args=(--tool "$tool" --error-exitcode 99 --print-limit 20)
   [ "$tool" = memcheck ] && args+=(--leak-check full)
   start=$(date +%s)
-  "$SANITIZER" "${args[@]}" "$FLASHATTN" --compute "$kernel" --mode "$mode" --data "$data" --warmup 0 --repeat 1 \
+  FLASHATTN_TIMING_HOLD=0 "$SANITIZER" "${args[@]}" "$FLASHATTN" --compute "$kernel" --mode "$mode" --data "$data" \
+    --warmup 0 --repeat 1 \
     --no-write --no-flush --quiet $FLASHATTN_EXTRA "$@" >"$log" 2>&1
   rc=$?
   secs=$(( $(date +%s) - start ))

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 
@@ -97,12 +98,22 @@ std::string stop_reason(const TimingOptions& opt, int n, double total_ms, double
 namespace {
 
 // Debug builds synchronise after every launch (check.h), which would wait on a held stream until
-// the hold's timeout: they time without the hold (and say so: timing.method "events").
+// the hold's timeout: they time without the hold (and say so: timing.method "events"). So do runs
+// under a tool that injects itself into CUDA (Nsight Compute serialises every launch; the
+// sanitizers), and runs with FLASHATTN_TIMING_HOLD=0.
 #ifdef FLASHATTN_SYNC_LAUNCHES
-constexpr bool kHold = false;
+constexpr bool kHoldBuild = false;
 #else
-constexpr bool kHold = true;
+constexpr bool kHoldBuild = true;
 #endif
+
+bool hold_wanted() {
+  if (!kHoldBuild || std::getenv("CUDA_INJECTION64_PATH")) return false;
+  const char* v = std::getenv("FLASHATTN_TIMING_HOLD");
+  return !(v && std::string(v) == "0");
+}
+
+const bool kHold = hold_wanted();
 
 // Start/stop events for a batch of repetitions, destroyed however the loop ends.
 struct EventPool {
