@@ -26,6 +26,15 @@ build_tree "$root" "$build" "$jobs" >"$out/build.log" 2>&1 || { tail -n 60 "$out
 echo "build: $(( $(date +%s) - t0 ))s"
 grep -h "spill\|stack frame" "$out/build.log" | grep -v " 0 bytes spill" | sort -u | head -20 || true
 
+# The hopper kernels must be on Hopper's own paths: warpgroup MMAs (HGMMA) fed by the tensor copy
+# engine (UTMALDG). An object without them means a silent fallback to older instructions.
+say "hopper SASS"
+for obj in "$build"/CMakeFiles/flashattn_kernels_sm90a.dir/kernels/*.o; do
+  counts=$(cuobjdump -sass "$obj" 2>/dev/null | grep -oE "HGMMA|UTMALDG|UTMASTG|USETMAXREG" | sort | uniq -c | tr -s ' \n' ' ')
+  echo "$(basename "$obj"): $counts"
+  [[ $counts == *HGMMA* && $counts == *UTMALDG* ]] || { echo "no HGMMA/UTMALDG in $obj"; status=1; }
+done
+
 if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
   say "GPU test matrix"
   t0=$(date +%s)
@@ -57,20 +66,23 @@ if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
     IFS='|' read -r name gargs fargs <<<"$c"
     [ -f "$data/$name/Q.npy" ] || "$build/flashattn-gen" --out "$data/$name" $gargs --seed 1 --with-dO >/dev/null
     dtype=$(sed -E 's/.*--dtype ([a-z0-9]+).*/\1/' <<<"$gargs")
-    # The GPU kernels that take this case's dtype (naming one that does not is an error).
-    kernels=${GPU_CHECK_KERNELS:-$("$PY" - "$build" "$dtype" <<'PYEOF'
+    # Per mode, the GPU kernels that have that mode and take this case's dtype (naming one that
+    # does not is an error; hopper, for one, has no backward yet).
+    for mode in forward backward; do
+      kernels=${GPU_CHECK_KERNELS:-$("$PY" - "$build" "$dtype" "$mode" <<'PYEOF'
 import json, subprocess, sys
 entries = json.loads(subprocess.run([sys.argv[1] + "/flashattn", "--list-json"], capture_output=True, text=True).stdout)
 names = []
 for e in sorted(entries, key=lambda e: e["rung"]):
-    if e["gpu"] and e["kernel"] not in names and e["mode"] in ("forward", "backward") and sys.argv[2] in e["dtypes"]:
+    if e["gpu"] and e["kernel"] not in names and e["mode"] == sys.argv[3] and sys.argv[2] in e["dtypes"]:
         names.append(e["kernel"])
 print(",".join(names))
 PYEOF
 )}
-    "$build/flashattn" --compute "$kernels" --mode both --data "$data/$name" $fargs --check --no-write \
-      --json "$out/$name.flashattn.json" --quiet >"$out/$name.flashattn.txt" 2>&1 ||
-      { status=1; echo "flashattn failed on $name:"; tail -n 5 "$out/$name.flashattn.txt"; }
+      "$build/flashattn" --compute "$kernels" --mode "$mode" --data "$data/$name" $fargs --check --no-write \
+        --json "$out/$name.$mode.flashattn.json" --quiet >"$out/$name.$mode.flashattn.txt" 2>&1 ||
+        { status=1; echo "flashattn failed on $name ($mode):"; tail -n 5 "$out/$name.$mode.flashattn.txt"; }
+    done
     if [ -f "$root/scripts/peers.py" ]; then
       "$PY" "$root/scripts/peers.py" --capi "$build/libflashattn_capi.so" "$data/$name" --mode both $fargs \
         --json "$out/$name.peers.json" \

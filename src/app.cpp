@@ -189,6 +189,9 @@ std::string list_kernels(bool as_json) {
                      {"rung", e->rung},
                      {"gpu", e->gpu},
                      {"min_sm", e->min_sm},
+                     {"max_sm", e->max_sm},
+                     {"fallback_head_dims", e->fallback_head_dims},
+                     {"fallback_kernel", e->fallback_kernel},
                      {"dtypes", dtypes_of(e->dtypes)},
                      {"head_dims", e->head_dims},
                      {"max_head_dim", e->max_head_dim},
@@ -208,6 +211,12 @@ std::string list_kernels(bool as_json) {
     for (const std::string& s : dtypes_of(e->dtypes)) dt += (dt.empty() ? "" : ",") + s;
     for (const std::string& s : features_of(e->features)) ft += (ft.empty() ? "" : ",") + s;
     std::string notes = e->gpu ? "" : "host";
+    if (e->max_sm > 0) notes += "sm_" + std::to_string(e->max_sm) + (e->max_sm == e->min_sm ? " only" : " at most");
+    if (!e->fallback_head_dims.empty()) {
+      std::string dims;
+      for (int d : e->fallback_head_dims) dims += (dims.empty() ? "" : ",") + std::to_string(d);
+      notes += std::string(notes.empty() ? "" : "; ") + "D " + dims + " run " + e->fallback_kernel;
+    }
     if (e->uses_atomics) {
       notes += std::string(notes.empty() ? "" : "; ") + "atomics";
       notes += e->bitwise_reproducible ? " (reproducible)"

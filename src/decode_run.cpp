@@ -82,11 +82,8 @@ std::string decode_why_unsupported(const KernelMode& e, const DecodeDims& d, DTy
   const uint32_t missing = need & ~e.features;
   for (int bit = 0; bit < kNumFeatures; ++bit)
     if (missing & (1u << bit)) return who + " does not support " + feature_name(1u << bit);
-  if (e.gpu) {
-    if (sm == 0) return who + " needs a GPU and none is available";
-    if (sm < e.min_sm) return who + " needs sm_" + std::to_string(e.min_sm) + " or newer; this GPU is sm_" + std::to_string(sm);
-  }
-  return "";
+  const std::string gpu_why = why_gpu_unsupported(e, sm);
+  return gpu_why.empty() ? "" : who + " " + gpu_why;
 }
 
 double decode_visible_pairs(const DecodeDims& d, const HostArray& cache_seqlens) {

@@ -50,6 +50,23 @@ std::vector<const KernelMode*> Registry::entries() {
   return out;
 }
 
+std::string why_gpu_unsupported(const KernelMode& e, int sm) {
+  if (!e.gpu) return "";
+  if (sm == 0) return "needs a GPU and none is available";
+  if (sm < e.min_sm)
+    return "needs sm_" + std::to_string(e.min_sm) + " or newer; this GPU is sm_" + std::to_string(sm);
+  if (e.max_sm > 0 && sm > e.max_sm)
+    return "is built for sm_" + std::to_string(e.max_sm) + (e.max_sm == e.min_sm ? "" : " at most") +
+           " (arch-specific code); this GPU is sm_" + std::to_string(sm);
+  return "";
+}
+
+std::string fallback_note(const KernelMode& e, int D) {
+  for (int d : e.fallback_head_dims)
+    if (d == D) return "no D=" + std::to_string(D) + " variant: runs the " + e.fallback_kernel + " kernel";
+  return "";
+}
+
 std::vector<std::string> Registry::kernel_names() {
   std::vector<std::string> names;
   for (const KernelMode* e : entries()) {

@@ -547,6 +547,8 @@ RunRecord Session::run(const KernelMode& e) {
     rec.outputs = std::move(r.out);
     rec.timing = std::move(r.timing);
   }
+  const std::string fallback = fallback_note(e, p.dims.D);
+  if (!fallback.empty()) rec.notes.push_back(fallback);
   const std::string fault = inject_fault_if_asked(e.kernel, rec.outputs);
   if (!fault.empty()) rec.notes.push_back(fault);
   if (s.opt.check) s.validate(e, rec);

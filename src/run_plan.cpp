@@ -48,12 +48,8 @@ std::string why_unsupported(const KernelMode& e, const Problem& p, int sm) {
       if (missing & (1u << b)) names += (names.empty() ? "" : ", ") + std::string(feature_name(1u << b));
     return who + " does not support " + names;
   }
-  if (e.gpu) {
-    if (sm == 0) return who + " needs a GPU and none is available";
-    if (sm < e.min_sm)
-      return who + " needs sm_" + std::to_string(e.min_sm) + " or newer; this GPU is sm_" + std::to_string(sm);
-  }
-  return "";
+  const std::string gpu_why = why_gpu_unsupported(e, sm);
+  return gpu_why.empty() ? "" : who + " " + gpu_why;
 }
 
 std::string nvtx_name(const KernelMode& e, const Problem& p) {

@@ -54,6 +54,7 @@ struct KernelMode {
   int rung = 0;         // position on the ladder: orders --list, `all` and tables
   bool gpu = true;      // false: runs on the host with host pointers (the cpu kernel)
   int min_sm = 0;       // smallest compute capability (major*10+minor) it runs on
+  int max_sm = 0;       // largest one (0: no bound); arch-specific code (sm_90a) runs on one only
 
   uint32_t dtypes = 0;          // OR of dtype_bit(DType::...)
   std::vector<int> head_dims;   // supported head dims; empty: any D in [1, max_head_dim]
@@ -63,6 +64,10 @@ struct KernelMode {
   bool bitwise_reproducible = true;     // by default, the same outputs bit for bit run after run
   bool has_deterministic_path = false;  // honours FwdParams::deterministic (then reproducible)
   bool uses_cublas = false;     // needs LaunchContext::cublas (the driver creates the handle)
+  // Head dims (within head_dims) the kernel hands to another registered kernel, which --list and
+  // the run's notes name: the kernel has no variant of its own for them.
+  std::vector<int> fallback_head_dims;
+  std::string fallback_kernel;
 
   // Filled in by the registration macro: the archs the registering file was compiled for.
   std::string compiled_archs;
@@ -77,6 +82,11 @@ struct KernelMode {
   DecodeWorkspaceFn dec_workspace = nullptr;
   DecodeSplitsFn dec_splits = nullptr;
 };
+
+// Why a GPU kernel cannot run on compute capability `sm` (0: no GPU), or "" when it can.
+std::string why_gpu_unsupported(const KernelMode& e, int sm);
+// "no D=32 variant: runs the mma kernel" when head dim D is one the kernel hands on, else "".
+std::string fallback_note(const KernelMode& e, int D);
 
 class Registry {
  public:
