@@ -49,6 +49,17 @@ struct OnlineSoftmax {
   __device__ __forceinline__ void update(const float (&rS)[kMTiles][kNTiles][4], uint32_t (&rP)[kMTiles][kNTiles][2],
                                          float (&rO)[kMTiles][kDTiles][4], float c) {
     float alpha[kMTiles][2];
+    const bool changed = update_stats<T>(rS, rP, alpha, c);
+    rescale(rO, alpha, changed);
+  }
+
+  // The statistics half of update(): folds S in, writes P, and returns in alpha the factors O must
+  // be rescaled by (and whether any lane of the warp has one that is not 1). For callers whose
+  // previous P·V is still accumulating into O while this runs (the hopper kernel's overlap).
+  template <class T>
+  __device__ __forceinline__ bool update_stats(const float (&rS)[kMTiles][kNTiles][4],
+                                               uint32_t (&rP)[kMTiles][kNTiles][2], float (&alpha)[kMTiles][2],
+                                               float c) {
     bool changed = false;
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi)
@@ -77,9 +88,16 @@ struct OnlineSoftmax {
         }
         l_i[mi][r] = fmaf(l_i[mi][r], alpha[mi][r], sum);
       }
-    // Once the maxima settle (long rows), most blocks change no max in the whole warp: a vote skips
-    // the kMTiles*kDTiles*4 multiplies then, at the cost of one warp-uniform branch.
-    if (__any_sync(0xffffffffu, changed)) {
+    return __any_sync(0xffffffffu, changed);
+  }
+
+  // O = diag(alpha) O. Once the maxima settle (long rows), most blocks change no max in the whole
+  // warp: the vote in update_stats() skips the kMTiles*kDTiles*4 multiplies then, at the cost of
+  // one warp-uniform branch.
+  template <int kDTiles>
+  __device__ __forceinline__ void rescale(float (&rO)[kMTiles][kDTiles][4], const float (&alpha)[kMTiles][2],
+                                          bool changed) {
+    if (changed) {
 #pragma unroll
       for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
