@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "dataset.h"
+#include "io_guard.h"
 #include "decode_app.h"
 #include "flashattn/error.h"
 #include "flashattn/registry.h"
@@ -94,22 +95,12 @@ HostArray generate_dout(const std::vector<int64_t>& shape, DType dtype, uint64_t
   return convert(f64, dtype);
 }
 
-// --json FILE is written last, after every kernel ran: check now that it can be.
-void check_json_target(const std::string& json) {
-  if (json.empty() || json == "-") return;
-  std::error_code ec;
-  if (fs::is_directory(json, ec)) throw InputError("--json: " + json + " is a directory");
-  const fs::path parent = fs::absolute(fs::path(json), ec).parent_path();
-  if (!fs::is_directory(parent, ec)) throw InputError("--json: " + json + ": " + parent.string() + " is not a directory");
-  if (::access(parent.c_str(), W_OK | X_OK) != 0)
-    throw InputError("--json: " + json + ": cannot write into " + parent.string() + " (" + std::strerror(errno) + ")");
-}
-
 // An output directory must not be the input directory and must be writable (or creatable).
 void check_output_dir(const std::string& dir, const std::string& out_option, const std::string& data) {
   std::error_code ec1, ec2;
-  if (fs::weakly_canonical(dir, ec1) == fs::weakly_canonical(data, ec2))
+  if (fs::weakly_canonical(dir, ec1) == fs::weakly_canonical(data, ec2) || same_file(dir, data))
     throw InputError("--out: " + dir + " is the input directory; outputs go to a directory of their own");
+  if (is_input_file(dir)) throw InputError("--out: " + dir + " is one of this run's input files");
   try {
     OutputWriter::check_writable(dir);
   } catch (const InputError& e) {
@@ -253,6 +244,7 @@ TimingOptions timing_options(const AppOptions& opt) {
 }
 
 int run_app(const AppOptions& opt) {
+  protect_input_files();  // every workload: no output may replace a file the run read
   if (opt.mode == "decode") return run_decode(opt);
   if (!opt.sweep.empty()) return run_sweep(opt);
   if (opt.dry_run) throw InputError("--dry-run: only with --sweep");
@@ -275,7 +267,6 @@ int run_app(const AppOptions& opt) {
   if (!(opt.min_time_ms >= 0)) throw InputError("--min-time: must be >= 0");
   if (opt.device < 0) throw InputError("--device: must be >= 0");
   if (opt.no_write && !opt.out.empty()) throw InputError("--out: conflicts with --no-write (which writes no outputs)");
-  check_json_target(opt.json);
 
   const bool all = opt.compute.size() == 1 && opt.compute[0] == "all";
   std::vector<std::string> kernels;
@@ -301,6 +292,9 @@ int run_app(const AppOptions& opt) {
     else throw InputError("--layout: '" + opt.layout + "' is not bhsd or bshd");
   }
   Dataset ds = load_dataset(opt.data, lo);
+  // --json is written last, after every kernel ran: check now (the inputs are known by identity
+  // now) that it can be.
+  if (!opt.json.empty() && opt.json != "-") check_output_file(opt.json, "--json");
   // Notes are printed once every check has passed, so a refused run prints its one error line only.
   std::vector<std::string> notes = ds.notices;
   // Where each kernel's outputs go; checked now so a bad directory fails before any kernel runs.

@@ -14,6 +14,7 @@
 #include "device_info.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
+#include "io_guard.h"
 #include "npy.h"
 #include "nvtx.h"
 #include "report.h"
@@ -141,6 +142,7 @@ int run_ceilings(const AppOptions& opt) {
   std::string why;
   if (cuda_device_count(&why) <= opt.device || opt.device < 0)
     throw InputError("--ceilings: needs a GPU: " + (why.empty() ? "no device " + std::to_string(opt.device) : why));
+  if (!opt.json.empty() && opt.json != "-") check_output_file(opt.json, "--json");  // before minutes of work
   const TimingOptions timing = timing_options(opt);
   const DeviceInfo info = query_device(opt.device);
   FILE* human = opt.json == "-" ? stderr : stdout;

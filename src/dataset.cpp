@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "flashattn/error.h"
+#include "io_guard.h"
 #include "meta.h"
 #include "npy.h"
 
@@ -269,6 +270,8 @@ void check_target(const std::string& path, const std::vector<std::string>& prote
   for (const std::string& p : protect) {
     if (c == p) throw InputError(path + ": refusing to overwrite an input file");
   }
+  // By identity too: another spelling of an input (a symlink, a bind mount) is still the input.
+  if (input_files_protected() && is_input_file(path)) throw InputError(path + ": refusing to overwrite an input file");
 }
 
 // Where a file is staged until finish(): the same directory, so the rename cannot cross devices.

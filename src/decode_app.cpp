@@ -18,6 +18,7 @@
 #include "device_info.h"
 #include "flashattn/error.h"
 #include "flashattn/registry.h"
+#include "io_guard.h"
 #include "nonfinite.h"
 #include "npy.h"
 #include "report.h"
@@ -68,14 +69,7 @@ void check_options(const AppOptions& opt) {
   if (opt.scale && !(std::isfinite(*opt.scale) && *opt.scale > 0)) throw InputError("--scale: must be a positive finite number");
   if (opt.device < 0) throw InputError("--device: must be >= 0");
   if (opt.no_write && !opt.out.empty()) throw InputError("--out: conflicts with --no-write (which writes no outputs)");
-  if (!opt.json.empty() && opt.json != "-") {
-    std::error_code ec;
-    if (fs::is_directory(opt.json, ec)) throw InputError("--json: " + opt.json + " is a directory");
-    const fs::path parent = fs::absolute(fs::path(opt.json), ec).parent_path();
-    if (!fs::is_directory(parent, ec)) throw InputError("--json: " + opt.json + ": " + parent.string() + " is not a directory");
-    if (::access(parent.c_str(), W_OK | X_OK) != 0)
-      throw InputError("--json: " + opt.json + ": cannot write into " + parent.string() + " (" + std::strerror(errno) + ")");
-  }
+  if (!opt.json.empty() && opt.json != "-") check_output_file(opt.json, "--json");
 }
 
 std::vector<const KernelMode*> plan_kernels(const AppOptions& opt, bool* all) {
@@ -161,6 +155,7 @@ int run_decode(const AppOptions& opt) {
     throw InputError(opt.data + ": not a decode directory (no K_cache.npy or K_cache.bin; see data/README.md)");
   }
   DecodeDataset ds = load_decode_dataset(opt.data);
+  if (!opt.json.empty() && opt.json != "-") check_output_file(opt.json, "--json");  // now against the inputs too
   std::vector<std::string> notes = ds.notices;
   auto out_dir_for = [&](const std::string& k) {
     if (opt.out.empty()) return (fs::path(opt.data) / "out" / k).string();
@@ -170,7 +165,7 @@ int run_decode(const AppOptions& opt) {
     for (const KernelMode* e : plan) {
       const std::string dir = out_dir_for(e->kernel);
       std::error_code ec1, ec2;
-      if (fs::weakly_canonical(dir, ec1) == fs::weakly_canonical(opt.data, ec2))
+      if (fs::weakly_canonical(dir, ec1) == fs::weakly_canonical(opt.data, ec2) || same_file(dir, opt.data))
         throw InputError("--out: " + dir + " is the input directory; outputs go to a directory of their own");
       OutputWriter::check_writable(dir);
     }

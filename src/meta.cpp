@@ -3,6 +3,8 @@
 
 #include <filesystem>
 #include <limits>
+#include <set>
+#include <vector>
 
 #include "flashattn/error.h"
 
@@ -42,10 +44,24 @@ std::vector<int64_t> layout_shape(Layout layout, int64_t B, int64_t H, int64_t S
 
 }  // namespace
 
-json parse_meta_json(const uint8_t* bytes, size_t size, const std::string& origin) {
-  json j;
+json parse_json_file_text(const uint8_t* bytes, size_t size, const std::string& origin) {
+  if (size > kMaxJsonBytes)
+    throw InputError(origin + ": " + std::to_string(size) + " bytes of JSON (at most " + std::to_string(kMaxJsonBytes) +
+                     " read)");
+  // One set of keys per object being parsed: a key seen twice in the same object is refused (the
+  // parser would silently keep the last).
+  std::vector<std::set<std::string>> keys;
+  const json::parser_callback_t check = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth > kMaxJsonDepth)
+      throw InputError(origin + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+    if (event == json::parse_event_t::object_start) keys.emplace_back();
+    if (event == json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+    if (event == json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second)
+      throw InputError(origin + ": key \"" + parsed.get<std::string>() + "\" appears twice in one object");
+    return true;
+  };
   try {
-    j = json::parse(bytes, bytes + size);
+    return json::parse(bytes, bytes + size, check);
   } catch (const json::exception& e) {
     std::string why = e.what();
     // The parser quotes the text it stopped at: keep the message on one line and plain ASCII.
@@ -56,6 +72,10 @@ json parse_meta_json(const uint8_t* bytes, size_t size, const std::string& origi
     }
     throw InputError(origin + ": invalid JSON (" + why + ")");
   }
+}
+
+json parse_meta_json(const uint8_t* bytes, size_t size, const std::string& origin) {
+  const json j = parse_json_file_text(bytes, size, origin);
   if (!j.is_object()) throw InputError(origin + ": expected a JSON object");
   if (j.contains("format_version")) {
     int64_t v = 0;

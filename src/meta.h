@@ -16,6 +16,13 @@
 
 namespace flashattn {
 
+// Parses a JSON document read from a file (meta.json, a sweep preset) defensively: at most
+// kMaxJsonBytes, nested at most kMaxJsonDepth levels, no key twice in one object. InputError
+// naming `origin` otherwise, before any deep structure is built.
+constexpr size_t kMaxJsonBytes = size_t(64) << 20;
+constexpr int kMaxJsonDepth = 64;
+nlohmann::json parse_json_file_text(const uint8_t* bytes, size_t size, const std::string& origin);
+
 // Parses meta.json text: a JSON object whose "format_version", when present, is 1.
 // `origin` (the file's path) starts every message.
 nlohmann::json parse_meta_json(const uint8_t* bytes, size_t size, const std::string& origin);

@@ -11,10 +11,14 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <memory>
 
 #include "flashattn/error.h"
+#include "io_guard.h"
+
+namespace fs = std::filesystem;
 
 namespace flashattn {
 
@@ -240,6 +244,7 @@ FilePtr open_for_read(const std::string& path, uint64_t* size) {
   if (!S_ISREG(st.st_mode)) throw InputError(path + ": not a regular file");
   FilePtr f(std::fopen(path.c_str(), "rb"));
   if (!f) throw InputError(path + ": cannot open (" + errno_text() + ")");
+  note_input_file(path);  // no output of this run may replace it
   *size = static_cast<uint64_t>(st.st_size);
   return f;
 }
@@ -466,12 +471,29 @@ HostArray parse_raw(const uint8_t* bytes, size_t size, DType dtype, const std::v
 void write_raw(const std::string& path, const HostArray& a) { write_file_atomic(path, a.bytes.data(), a.bytes.size()); }
 
 void write_file_atomic(const std::string& path, const void* data, size_t size) {
-  const std::string tmp = path + ".tmp." + std::to_string(static_cast<long>(::getpid()));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (input_files_protected() && is_input_file(path))
+    throw InputError(path + " is one of this run's inputs; refusing to overwrite it");
+  // Device nodes, FIFOs and descriptor names are written in place, never replaced by a rename.
+  const bool in_place = written_in_place(path);
+  // A symlink to a regular file: the file it points to is replaced, the link stays.
+  std::string target = path;
+  if (!in_place) {
+    std::error_code ec;
+    if (fs::is_symlink(fs::symlink_status(path, ec))) {
+      const fs::path resolved = fs::canonical(path, ec);
+      if (!ec) target = resolved.string();
+    }
+  }
+  const std::string tmp = in_place ? path : target + ".tmp." + std::to_string(static_cast<long>(::getpid()));
+  // A descriptor name (/dev/stdout) is written through the descriptor, keeping its offset.
+  const int named_fd = in_place ? descriptor_named(path) : -1;
+  const int fd = named_fd >= 0 ? named_fd
+                 : in_place    ? ::open(path.c_str(), O_WRONLY | O_CLOEXEC)
+                               : ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw RuntimeError(path + ": cannot write (" + errno_text() + ")");
   auto fail = [&](const std::string& what) {
     const std::string msg = path + ": " + what;
-    ::unlink(tmp.c_str());
+    if (!in_place) ::unlink(tmp.c_str());
     throw RuntimeError(msg);
   };
   const uint8_t* p = static_cast<const uint8_t*>(data);
@@ -481,15 +503,16 @@ void write_file_atomic(const std::string& path, const void* data, size_t size) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const std::string why = n < 0 ? errno_text() : "short write";
-      ::close(fd);
+      if (named_fd < 0) ::close(fd);
       fail("write failed after " + std::to_string(size - left) + " of " + std::to_string(size) + " bytes (" + why + ")");
     }
     p += n;
     left -= static_cast<size_t>(n);
   }
-  // close() can be the first to report a full disk on some file systems.
-  if (::close(fd) != 0) fail("write failed (" + errno_text() + ")");
-  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot replace file (" + errno_text() + ")");
+  // close() can be the first to report a full disk on some file systems (a named descriptor is
+  // not ours to close).
+  if (named_fd < 0 && ::close(fd) != 0) fail("write failed (" + errno_text() + ")");
+  if (!in_place && ::rename(tmp.c_str(), target.c_str()) != 0) fail("cannot replace file (" + errno_text() + ")");
 }
 
 }  // namespace flashattn

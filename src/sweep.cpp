@@ -15,6 +15,7 @@
 #include "ceilings.h"
 #include "flashattn/error.h"
 #include "flashattn/registry.h"
+#include "io_guard.h"
 #include "npy.h"
 #include "report.h"
 #include "run.h"
@@ -136,11 +137,9 @@ int run_sweep(const AppOptions& opt) {
   }
 
   const bool jsonl = ends_with(opt.json, ".jsonl");
-  if (!opt.json.empty() && opt.json != "-" && !jsonl) {  // written at the end: refuse a bad path now
-    const fs::path parent = fs::absolute(fs::path(opt.json)).parent_path();
-    if (fs::is_directory(opt.json) || !fs::is_directory(parent) || ::access(parent.c_str(), W_OK | X_OK) != 0)
-      throw InputError("--json: " + opt.json + ": cannot write there");
-  }
+  // Refused now (the preset is known by identity), before any point runs or a JSON Lines file is
+  // opened.
+  if (!opt.json.empty() && opt.json != "-") check_output_file(opt.json, "--json");
   std::ofstream lines;
   if (jsonl) {
     lines.open(opt.json, std::ios::trunc);

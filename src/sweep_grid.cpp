@@ -7,6 +7,8 @@
 #include <sstream>
 
 #include "flashattn/error.h"
+#include "meta.h"
+#include "npy.h"
 #include "sweep.h"
 
 namespace flashattn {
@@ -143,14 +145,10 @@ SweepGrid load_sweep(const std::string& spec, const SweepDefaults& cli) {
     points = fa_grid_points();
     origin = "--sweep fa-grid";
   } else {
-    std::ifstream in(spec);
-    if (!in) throw InputError(spec + ": cannot open sweep preset (expected fa-grid or a JSON file)");
-    json doc;
-    try {
-      doc = json::parse(in);
-    } catch (const json::exception& e) {
-      throw InputError(spec + ": not valid JSON (" + std::string(e.what()) + ")");
-    }
+    // read_file refuses directories, FIFOs and other non-regular files before reading a byte, and
+    // notes the preset as an input (no output of the sweep may replace it).
+    const std::vector<uint8_t> text = read_file(spec);
+    const json doc = parse_json_file_text(text.data(), text.size(), spec);
     origin = spec;
     if (doc.is_array()) {
       points = doc;

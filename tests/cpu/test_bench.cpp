@@ -149,6 +149,7 @@ TEST(SweepGrid, CommandLineFillsWhatThePresetLeavesOpen) {
 }
 
 TEST(SweepGrid, BadPresetsNameTheFileAndThePoint) {
+  const std::string kDeep = std::string(200000, '[') + std::string(200000, ']');  // fails fast, no deep recursion
   struct Case {
     const char* text;
     const char* needle;
@@ -160,7 +161,9 @@ TEST(SweepGrid, BadPresetsNameTheFileAndThePoint) {
       {R"({"points": [{"B": 0, "H": 2, "S": 8, "D": 8}]})", "B must be a positive integer"},
       {R"({"points": [{"B": 1, "H": 2, "S": 8, "D": 8, "dtype": "int8"}]})", "dtype must be"},
       {R"({"points": [{"B": 1, "H": 2, "S": 8, "D": 8, "mode": "sideways"}]})", "mode 'sideways'"},
-      {R"({"points": [)", "not valid JSON"},
+      {R"({"points": [)", "invalid JSON"},
+      {R"({"points": [{"B": 1, "B": 2, "H": 2, "S": 8, "D": 8}]})", "key \"B\" appears twice"},
+      {kDeep.c_str(), "nested deeper than 64 levels"},
       {R"({"grid": []})", "expected {\"points\""},
   };
   int i = 0;
