@@ -34,6 +34,15 @@ int main(int argc, char** argv) {
   flashattn::AppOptions opt;
   for (int i = 0; i < argc; ++i) opt.command_line += (i ? " " : "") + std::string(argv[i]);
 
+  // A seed is a decimal integer in [0, 2^64): CLI11 alone would wrap "-1" and saturate overflows.
+  const CLI::Validator kUnsigned64(
+      [](std::string& v) -> std::string {
+        if (v.empty() || v.size() > 20 || v.find_first_not_of("0123456789") != std::string::npos)
+          return "'" + v + "' is not an integer in [0, 2^64)";
+        if (v.size() == 20 && v > "18446744073709551615") return "'" + v + "' is not an integer in [0, 2^64)";
+        return "";
+      },
+      "UINT64");
   CLI::App app{"flashattn: run, check and benchmark attention kernels (forward, backward and decode)"};
   app.footer(kExamples);
   app.set_version_flag("--version", std::string("flashattn ") + flashattn::kVersion + " (" + flashattn::kGitSha +
@@ -50,8 +59,12 @@ int main(int argc, char** argv) {
   app.add_option("--scale", opt.scale, "Softmax scale (default 1/sqrt(D))");
   app.add_option("--dtype", opt.dtype, "Compute dtype fp32 | fp16 | bf16 (| fp64 for cpu); default: the input's");
   app.add_option("--layout", opt.layout, "Layout of the files: bhsd | bshd (default: meta.json's, else bhsd)");
-  app.add_option("--warmup", opt.warmup, "Untimed repetitions before timing")->capture_default_str();
-  app.add_option("--repeat,--min-samples", opt.repeat, "Timed repetitions (at least)")->capture_default_str();
+  app.add_option("--warmup", opt.warmup, "Untimed repetitions before timing")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000000));
+  app.add_option("--repeat,--min-samples", opt.repeat, "Timed repetitions (at least)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 10000000));
   app.add_option("--min-time", opt.min_time_ms, "Keep repeating until this many ms were timed")->capture_default_str();
   app.add_option("--max-noise", opt.max_noise_pct,
                  "Then repeat until the relative stddev is at most PCT percent (0: no noise rule)")
@@ -65,9 +78,13 @@ int main(int argc, char** argv) {
   app.add_flag("--check", opt.check, "Validate every output against the fp64 cpu reference");
   app.add_option("--json", opt.json, "Write the session JSON to FILE, or - for stdout");
   app.add_flag("--no-write", opt.no_write, "Benchmark only: write no output files");
-  app.add_option("--seed", opt.seed, "Seed for generated inputs (dO) and row sampling")->capture_default_str();
-  app.add_option("--device", opt.device, "CUDA device index")->capture_default_str();
-  app.add_option("--threads", opt.threads, "Threads for the cpu kernel and the reference (0 = all)")->capture_default_str();
+  app.add_option("--seed", opt.seed, "Seed for generated inputs (dO) and row sampling")
+      ->capture_default_str()
+      ->check(kUnsigned64);
+  app.add_option("--device", opt.device, "CUDA device index")->capture_default_str()->check(CLI::Range(0, 1023));
+  app.add_option("--threads", opt.threads, "Threads for the cpu kernel and the reference (0 = all)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
   app.add_flag("--deterministic", opt.deterministic, "Use a kernel's deterministic path where it has one");
   app.add_flag("--allow-nonfinite", opt.allow_nonfinite,
                "Run even when Q, K, V or dO hold NaN or Inf (by default an input error, exit 2)");
@@ -83,6 +100,16 @@ int main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
+    // CLI11 drops the empty items of a delimited list: check the words as typed.
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      std::string list;
+      if ((arg == "--compute" || arg == "-c") && i + 1 < argc) list = argv[i + 1];
+      else if (arg.rfind("--compute=", 0) == 0) list = arg.substr(10);
+      else continue;
+      if (list.empty() || list.front() == ',' || list.back() == ',' || list.find(",,") != std::string::npos)
+        throw CLI::ValidationError("--compute", "an empty name in '" + list + "' (NAME[,NAME...])");
+    }
     // Sweeps take their modes from the grid unless --mode is given.
     if (!opt.sweep.empty() && app.count("--mode") == 0) opt.mode.clear();
   } catch (const CLI::CallForHelp& e) {

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "array.h"
@@ -263,6 +264,13 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     fmt::print(stderr, "flashattn-compare: {} (see --help)\n", e.what());
     return fa::kExitInput;
+  }
+  // A threshold is a finite number >= 0: NaN would pass every comparison, a negative one fail all.
+  for (const auto& [opt, value, name] : {std::tuple{rel_opt, max_rel_l2, "--max-rel-l2"}, std::tuple{abs_opt, max_abs, "--max-abs"}}) {
+    if (opt->count() && !(std::isfinite(value) && value >= 0)) {
+      fmt::print(stderr, "flashattn-compare: {}: must be a finite number >= 0 (see --help)\n", name);
+      return fa::kExitInput;
+    }
   }
   if (rel_opt->count()) args.max_rel_l2 = max_rel_l2;
   if (abs_opt->count()) args.max_abs = max_abs;

@@ -237,3 +237,13 @@ def test_compare_bin_uses_meta_json_or_explicit_shape(tmp_path):
     assert r.returncode == 2 and "--shape" in r.stderr
     r = run(COMPARE, nometa / "Q.bin", nometa / "Q.bin", "--shape", "2,4,16,8", "--dtype", "fp32")
     assert r.returncode == 0
+
+
+@pytest.mark.parametrize("option, value", [("--max-abs", "nan"), ("--max-abs", "-1"), ("--max-rel-l2", "inf"),
+                                           ("--max-rel-l2", "-0.5")])
+def test_compare_refuses_a_threshold_that_is_not_a_finite_number_at_least_zero(tmp_path, option, value):
+    a = tmp_path / "a.npy"
+    np.save(a, np.arange(6, dtype=np.float32))
+    r = run(COMPARE, a, a, option, value)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and option in r.stderr
