@@ -20,6 +20,7 @@
 #include "flashattn/error.h"
 #include "npy.h"
 #include "random.h"
+#include "staged_dir.h"
 
 namespace fa = flashattn;
 namespace fs = std::filesystem;
@@ -179,20 +180,10 @@ void check_options(Options& o, bool S_given, bool S_q_given, bool S_k_given, boo
 }
 
 // The data files a directory may hold; with --force those this run does not write are removed,
-// so the directory describes exactly one problem.
+// so the directory describes exactly one problem (StagedDir::commit).
 const char* const kDataFiles[] = {"Q.npy",         "K.npy",         "V.npy",    "dO.npy",   "seqlens_k.npy",
                                   "mask.npy",      "Q.bin",         "K.bin",    "V.bin",    "dO.bin",
                                   "seqlens_k.bin", "mask.bin",      "meta.json"};
-
-void prepare_dir(const Options& o) {
-  std::error_code ec;
-  if (fs::exists(o.out, ec)) {
-    if (!fs::is_directory(o.out, ec)) usage(o.out + ": exists and is not a directory");
-    if (!fs::is_empty(o.out, ec) && !o.force) usage(o.out + ": directory is not empty (--force replaces its data files)");
-  }
-  fs::create_directories(o.out, ec);
-  if (ec) throw fa::RuntimeError(o.out + ": cannot create directory (" + ec.message() + ")");
-}
 
 int run(Options& o, bool S_given, bool S_q_given, bool S_k_given, bool H_kv_given) {
   check_options(o, S_given, S_q_given, S_k_given, H_kv_given);
@@ -201,12 +192,12 @@ int run(Options& o, bool S_given, bool S_q_given, bool S_k_given, bool H_kv_give
   const fa::Layout layout = o.layout == "bshd" ? fa::Layout::BSHD : fa::Layout::BHSD;
   const bool bin = o.format == "bin";
   const std::string ext = bin ? ".bin" : ".npy";
-  prepare_dir(o);
+  flashattn_gen::StagedDir staged(o.out, o.force, usage);  // nothing appears at --out until every file is written
 
   std::vector<std::string> written;
   json files = json::object();
   auto write = [&](const std::string& name, const fa::HostArray& a) {
-    const std::string path = (fs::path(o.out) / (name + ext)).string();
+    const std::string path = staged.path(name + ext);
     if (bin) fa::write_raw(path, a);
     else fa::write_npy(path, a);
     written.push_back(name + ext);
@@ -243,16 +234,10 @@ int run(Options& o, bool S_given, bool S_q_given, bool S_k_given, bool H_kv_give
     }
     meta["generator"] = {{"seed", o.seed}, {"init", o.init}, {"mask", o.mask}};
     const std::string text = meta.dump(2) + "\n";
-    fa::write_file_atomic((fs::path(o.out) / "meta.json").string(), text.data(), text.size());
+    fa::write_file_atomic(staged.path("meta.json"), text.data(), text.size());
     written.push_back("meta.json");
   }
-  if (o.force) {
-    for (const char* f : kDataFiles) {
-      if (std::find(written.begin(), written.end(), f) != written.end()) continue;
-      std::error_code ec;
-      fs::remove(fs::path(o.out) / f, ec);
-    }
-  }
+  staged.commit(std::vector<std::string>(std::begin(kDataFiles), std::end(kDataFiles)));
   fmt::print("flashattn-gen: wrote {} ({}, {}, {}{}): Q {}, K/V {}{}{}; seed {}, init {}\n", o.out, o.format,
              o.layout, fa::dtype_name(dtype), o.no_meta ? ", no meta.json" : "", fa::shape_str(q.shape),
              fa::shape_str(layout == fa::Layout::BSHD ? std::vector<int64_t>{o.B, o.S_k, o.H_kv, o.D}

@@ -17,6 +17,7 @@
 #include "flashattn/error.h"
 #include "npy.h"
 #include "random.h"
+#include "staged_dir.h"
 
 namespace fa = flashattn;
 namespace fs = std::filesystem;
@@ -129,20 +130,14 @@ int write_decode_dir(const DecodeGenOptions& o) {
   fa::DType dtype;
   if (!fa::parse_dtype(o.dtype, &dtype) || !fa::dtype_is_float(dtype)) usage("--dtype: unknown dtype '" + o.dtype + "'");
   const std::vector<int32_t> c = cache_lengths(o);
-  std::error_code ec;
-  if (fs::exists(o.out, ec)) {
-    if (!fs::is_directory(o.out, ec)) usage(o.out + ": exists and is not a directory");
-    if (!fs::is_empty(o.out, ec) && !o.force) usage(o.out + ": directory is not empty (--force replaces its data files)");
-  }
-  fs::create_directories(o.out, ec);
-  if (ec) throw fa::RuntimeError(o.out + ": cannot create directory (" + ec.message() + ")");
+  StagedDir staged(o.out, o.force, usage);  // nothing appears at --out until every file is written
 
   const bool bin = o.format == "bin";
   const std::string ext = bin ? ".bin" : ".npy";
   std::vector<std::string> written;
   json files = json::object();
   auto write = [&](const std::string& name, const fa::HostArray& a) {
-    const std::string path = (fs::path(o.out) / (name + ext)).string();
+    const std::string path = staged.path(name + ext);
     if (bin) fa::write_raw(path, a);
     else fa::write_npy(path, a);
     written.push_back(name + ext);
@@ -184,15 +179,12 @@ int write_decode_dir(const DecodeGenOptions& o) {
   if (bin) meta["files"] = files;
   meta["generator"] = {{"seed", o.seed}, {"init", o.init}, {"cache_seqlens", o.cache_seqlens}};
   const std::string text = meta.dump(2) + "\n";
-  fa::write_file_atomic((fs::path(o.out) / "meta.json").string(), text.data(), text.size());
+  fa::write_file_atomic(staged.path("meta.json"), text.data(), text.size());
   written.push_back("meta.json");
-  if (o.force) {
-    for (const char* f : kDataFiles)
-      for (const char* e : {".npy", ".bin"}) {
-        const std::string name = std::string(f) + e;
-        if (std::find(written.begin(), written.end(), name) == written.end()) fs::remove(fs::path(o.out) / name, ec);
-      }
-  }
+  std::vector<std::string> stale;
+  for (const char* f : kDataFiles)
+    for (const char* e : {".npy", ".bin"}) stale.push_back(std::string(f) + e);
+  staged.commit(stale);
   int32_t lo = *std::min_element(c.begin(), c.end()), hi = *std::max_element(c.begin(), c.end());
   fmt::print("flashattn-gen: wrote decode {} ({}, {}): q [{}, {}, {}, {}], cache {} positions{}, cache_seqlens {}..{}; "
              "seed {}, init {}\n",

@@ -338,7 +338,7 @@ CASES = [
     ("no-write-with-out", lambda tmp: (good(tmp / "data"), ["--no-write", "--out", tmp / "out"]), INPUT,
      ["--out", "conflicts with --no-write"]),
     ("baseline-not-run", options("--baseline", "nosuch"), INPUT, ["--baseline", "'nosuch'"]),
-    ("device-negative", options("--device", "-1"), INPUT, ["--device", "must be >= 0"]),
+    ("device-negative", options("--device", "-1"), INPUT, ["--device", "not in range 0 to 1023"]),
     ("min-time-negative", options("--min-time", "-5"), INPUT, ["--min-time"]),
     ("json-dir-missing", json_dir_missing, INPUT, ["--json", "is not a directory"]),
     ("dtype-unsupported-by-kernel", unsupported_dtype_for_kernel, INPUT, ["does not support dtype fp64"]),

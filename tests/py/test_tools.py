@@ -247,3 +247,35 @@ def test_compare_refuses_a_threshold_that_is_not_a_finite_number_at_least_zero(t
     r = run(COMPARE, a, a, option, value)
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and option in r.stderr
+
+
+def _file_size_limit(nbytes):
+    import resource
+    import signal
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() then fails with EFBIG, as on a full disk
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+    return limit
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_gen_on_a_full_disk_leaves_no_dataset_and_keeps_the_old_one(tmp_path, decode):
+    args = (["--decode", "--B", "2", "--H", "4", "--H-kv", "2", "--D", "32", "--S-max", "512", "--cache-seqlens", "100"]
+            if decode else ["--B", "2", "--H", "4", "--S", "256", "--D", "32"])
+    # A new directory: nothing appears, not even an empty directory or a temporary one.
+    fresh = tmp_path / "fresh"
+    r = subprocess.run([str(GEN), "--out", str(fresh), *args], capture_output=True, text=True,
+                       preexec_fn=_file_size_limit(20000))
+    assert r.returncode != 0 and r.stderr.count("\n") == 1, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    # An existing dataset replaced with --force: unchanged when the new one cannot be written.
+    old = tmp_path / "old"
+    gen(old, *(["--decode", "--B", "1", "--H", "2", "--H-kv", "2", "--D", "8", "--S-max", "16", "--cache-seqlens", "4"]
+               if decode else ["--B", "1", "--H", "2", "--S", "8", "--D", "8"]))
+    before = files_bytes(old)
+    r = subprocess.run([str(GEN), "--out", str(old), "--force", *args], capture_output=True, text=True,
+                       preexec_fn=_file_size_limit(20000))
+    assert r.returncode != 0, r.stderr
+    assert files_bytes(old) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]
