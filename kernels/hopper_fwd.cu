@@ -494,11 +494,9 @@ void launch(const FwdParams& p, const LaunchContext& ctx) {
   a.S_q = p.S_q;
   a.scale_log2 = p.scale_log2;
   a.vis = make_visibility(p);
-  const int64_t reach = static_cast<int64_t>(p.S_q) + p.S_k;
-  const int64_t off = static_cast<int64_t>(p.S_k) - p.S_q;
-  const int wl = a.vis.window_left, wr = a.vis.window_right;
-  a.key_lo_shift = wl >= 0 && wl < reach ? static_cast<int>(off - wl) : -(1 << 30);
-  a.key_hi_shift = wr >= 0 && wr < reach ? static_cast<int>(off + wr + 1) : (1 << 30);
+  const KeyShifts shifts = key_shifts(a.vis);
+  a.key_lo_shift = shifts.lo;
+  a.key_hi_shift = shifts.hi;
 
   // FLASHATTN_HOPPER_SCHEDULE=serial runs the step-1 schedule (docs/PERF.md's ablation); it is
   // compiled for bf16 at D=128 only, to keep the build lean.
@@ -544,13 +542,8 @@ void run(const FwdParams& p, const LaunchContext& ctx) {
     return mma->fwd(p, ctx);
   }
   if (ctx.sm != 90) throw RuntimeError("hopper forward: built for sm_90a only; this GPU is sm_" + std::to_string(ctx.sm));
-  if (p.H_kv <= 0 || p.H % p.H_kv != 0) throw RuntimeError("hopper forward: H must be a multiple of H_kv");
-  if (p.H > 65535 || p.B > 65535) throw RuntimeError("hopper forward: B and H must be at most 65535 (grid y/z)");
-  if (p.S_q >= (1 << 28) || p.S_k >= (1 << 28)) throw RuntimeError("hopper forward: S_q and S_k must be below 2^28");
-  // Tensor maps: 16-byte aligned base addresses and strides.
-  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o) || !strides_multiple_of(p.q_st, 8) ||
-      !strides_multiple_of(p.k_st, 8) || !strides_multiple_of(p.v_st, 8) || !strides_multiple_of(p.o_st, 8))
-    throw RuntimeError("hopper forward: tensors must be 16-byte aligned with strides a multiple of 8 elements");
+  // Tensor maps need 16-byte aligned base addresses and strides, too.
+  check_tiled_forward(p, "hopper forward");
   switch (p.dtype) {
     case DType::F16: return dispatch_head_dim<false>(p, ctx);
     case DType::BF16: return dispatch_head_dim<true>(p, ctx);

@@ -406,12 +406,9 @@ void launch(const FwdParams& p, const LaunchContext& ctx) {
   a.S_q = p.S_q;
   a.scale_log2 = p.scale_log2;
   a.vis = make_visibility(p);
-  // A window reaching past both sequences excludes nothing: unbounded, so the shifts stay in int.
-  const int64_t reach = static_cast<int64_t>(p.S_q) + p.S_k;
-  const int64_t off = static_cast<int64_t>(p.S_k) - p.S_q;
-  const int wl = a.vis.window_left, wr = a.vis.window_right;
-  a.key_lo_shift = wl >= 0 && wl < reach ? static_cast<int>(off - wl) : -(1 << 30);
-  a.key_hi_shift = wr >= 0 && wr < reach ? static_cast<int>(off + wr + 1) : (1 << 30);
+  const KeyShifts shifts = key_shifts(a.vis);
+  a.key_lo_shift = shifts.lo;
+  a.key_hi_shift = shifts.hi;
   const bool prescale = p.mask.ptr != nullptr || !(p.scale_log2 > 0.f) || !std::isfinite(p.scale_log2);
   a.c = prescale ? 1.f : p.scale_log2;
 
@@ -439,13 +436,8 @@ void dispatch_head_dim(const FwdParams& p, const LaunchContext& ctx) {
 
 void run(const FwdParams& p, const LaunchContext& ctx) {
   if (static_cast<int64_t>(p.B) * p.H * p.S_q == 0) return;
-  if (p.H_kv <= 0 || p.H % p.H_kv != 0) throw RuntimeError("mma forward: H must be a multiple of H_kv");
-  if (p.H > 65535 || p.B > 65535) throw RuntimeError("mma forward: B and H must be at most 65535 (grid y/z)");
-  if (p.S_q >= (1 << 28) || p.S_k >= (1 << 28)) throw RuntimeError("mma forward: S_q and S_k must be below 2^28");
   // cp.async and the epilogue move 16-byte rows of 8 elements.
-  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o) || !strides_multiple_of(p.q_st, 8) ||
-      !strides_multiple_of(p.k_st, 8) || !strides_multiple_of(p.v_st, 8) || !strides_multiple_of(p.o_st, 8))
-    throw RuntimeError("mma forward: tensors must be 16-byte aligned with strides a multiple of 8 elements");
+  check_tiled_forward(p, "mma forward");
   switch (p.dtype) {
     case DType::F16: return dispatch_head_dim<__half>(p, ctx);
     case DType::BF16: return dispatch_head_dim<__nv_bfloat16>(p, ctx);

@@ -34,28 +34,37 @@ def ops(n):
             cur = []
     if cur: lines.append("          " + ", ".join(cur))
     return ",\n".join(lines)
-for bf in (False, True):
-    ty = "bf16" if bf else "f16"
-    for n in sorted(set(Ns_ss + Ns_rs)):
-        nr = n // 2
-        out.append("template <> struct Wgmma<%d, %s> {" % (n, "true" if bf else "false"))
-        if n in Ns_ss:
-            out.append('''  __device__ __forceinline__ static void ss(float (&d)[%d][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+# One macro holds the specialisations for an element type; the type string joins the asm text by
+# literal concatenation, so fp16 and bf16 share every line.
+body = []
+for n in sorted(set(Ns_ss + Ns_rs)):
+    nr = n // 2
+    body.append("template <> struct Wgmma<%d, BF> {" % n)
+    if n in Ns_ss:
+        body.append('''  __device__ __forceinline__ static void ss(float (&d)[%d][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
     asm volatile(
         "{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {%s}, %%%d, %%%d, p, 1, 1, 0, 0;\\n}\\n"
+        "wgmma.mma_async.sync.aligned.m64n%dk16.f32." TY "." TY " {%s}, %%%d, %%%d, p, 1, 1, 0, 0;\\n}\\n"
         : %s
         : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-  }''' % (n // 8, nr + 2, n, ty, ty, regs(n), nr, nr + 1, ops(n).lstrip()))
-        if n in Ns_rs:
-            out.append('''  __device__ __forceinline__ static void rs(float (&d)[%d][4], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+  }''' % (n // 8, nr + 2, n, regs(n), nr, nr + 1, ops(n).lstrip()))
+    if n in Ns_rs:
+        body.append('''  __device__ __forceinline__ static void rs(float (&d)[%d][4], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
     asm volatile(
         "{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {%s}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1, 1;\\n}\\n"
+        "wgmma.mma_async.sync.aligned.m64n%dk16.f32." TY "." TY " {%s}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1, 1;\\n}\\n"
         : %s
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-  }''' % (n // 8, nr + 5, n, ty, ty, regs(n), nr, nr + 1, nr + 2, nr + 3, nr + 4, ops(n).lstrip()))
-        out.append("};")
+  }''' % (n // 8, nr + 5, n, regs(n), nr, nr + 1, nr + 2, nr + 3, nr + 4, ops(n).lstrip()))
+    body.append("};")
+lines = "\n".join(body).split("\n")
+out.append("#define FLASHATTN_SM90_WGMMA_OPS(BF, TY) \\")
+out.extend(l + " \\" for l in lines[:-1])
+out.append(lines[-1])
+out.append("")
+out.append('FLASHATTN_SM90_WGMMA_OPS(false, "f16")')
+out.append('FLASHATTN_SM90_WGMMA_OPS(true, "bf16")')
+out.append("#undef FLASHATTN_SM90_WGMMA_OPS")
 out.append('''
 }  // namespace sm90
 }  // namespace flashattn''')

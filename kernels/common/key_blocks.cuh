@@ -21,6 +21,21 @@ struct BlockRange {
   int end = 0;
 };
 
+// The keys query i sees, as [i + lo, i + hi) within [0, seqlen_k): the window (causal folded
+// in) as two shifts, so a row's bounds cost two adds. A window reaching past both sequences
+// excludes nothing and is unbounded (+-2^30), which keeps every sum in int for S < 2^28.
+struct KeyShifts {
+  int lo = 0, hi = 0;
+};
+FLASHATTN_HD inline KeyShifts key_shifts(const Visibility& vis) {
+  const int64_t reach = static_cast<int64_t>(vis.S_q) + vis.S_k;
+  const int64_t off = static_cast<int64_t>(vis.S_k) - vis.S_q;
+  KeyShifts k;
+  k.lo = vis.window_left >= 0 && vis.window_left < reach ? static_cast<int>(off - vis.window_left) : -(1 << 30);
+  k.hi = vis.window_right >= 0 && vis.window_right < reach ? static_cast<int>(off + vis.window_right + 1) : (1 << 30);
+  return k;
+}
+
 // Key blocks of kBlockN keys holding at least one key visible to some query in [i_first, i_last].
 template <int kBlockN>
 FLASHATTN_HD inline BlockRange key_blocks(const Visibility& vis, int64_t i_first, int64_t i_last, int seqlen_k) {

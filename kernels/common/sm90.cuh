@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace flashattn {
 namespace sm90 {
@@ -120,19 +121,18 @@ __device__ __forceinline__ void wgmma_wait() {
 // The compiler sees a wgmma's accumulators as written when it is issued; these empty statements
 // pin them (and register A operands) in place until the wait, so no read or reuse of the
 // registers moves across it.
-template <int R, int C>
-__device__ __forceinline__ void fence_regs(float (&r)[R][C]) {
+template <class T, int R, int C>
+__device__ __forceinline__ void fence_regs(T (&r)[R][C]) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, uint32_t>, "fp32 accumulators or .b32 fragments");
 #pragma unroll
   for (int i = 0; i < R; ++i)
 #pragma unroll
-    for (int j = 0; j < C; ++j) asm volatile("" : "+f"(r[i][j])::"memory");
-}
-template <int R, int C>
-__device__ __forceinline__ void fence_regs(uint32_t (&r)[R][C]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i)
-#pragma unroll
-    for (int j = 0; j < C; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+    for (int j = 0; j < C; ++j) {
+      if constexpr (std::is_same_v<T, float>)
+        asm volatile("" : "+f"(r[i][j])::"memory");
+      else
+        asm volatile("" : "+r"(r[i][j])::"memory");
+    }
 }
 
 // Shared-memory matrix descriptor for a 128-byte-swizzled operand (PTX ISA, "Matrix Descriptor
