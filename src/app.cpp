@@ -245,6 +245,9 @@ TimingOptions timing_options(const AppOptions& opt) {
 
 int run_app(const AppOptions& opt) {
   protect_input_files();  // every workload: no output may replace a file the run read
+  for (const auto& [path, what] : {std::pair{opt.data, "--data"}, std::pair{opt.out, "--out"},
+                                   std::pair{opt.json, "--json"}, std::pair{opt.sweep, "--sweep"}})
+    check_utf8_path(path, what);
   if (opt.mode == "decode") return run_decode(opt);
   if (!opt.sweep.empty()) return run_sweep(opt);
   if (opt.dry_run) throw InputError("--dry-run: only with --sweep");
@@ -510,7 +513,7 @@ int run_app(const AppOptions& opt) {
         if (o.dv) w.add("dV", *o.dv);
       }
       if (generated_dout) w.add("dO", *session.inputs().dout);
-      w.add_file("timing.json", session_json(hdr, mine).dump(2) + "\n");
+      w.add_file("timing.json", session_json(hdr, mine).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
       w.finish();  // all of the kernel's files appear together, or none (disk full, an error)
       if (!opt.quiet) con.note("wrote " + dir);
     }
@@ -532,7 +535,7 @@ int run_app(const AppOptions& opt) {
     }
   }
   if (!opt.json.empty()) {
-    const std::string text = session_json(hdr, records).dump(2) + "\n";
+    const std::string text = session_json(hdr, records).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     if (opt.json == "-") {
       std::fputs(text.c_str(), stdout);
     } else {

@@ -179,7 +179,7 @@ int run_ceilings(const AppOptions& opt) {
   if (!opt.json.empty()) {
     nlohmann::json doc = session_json(hdr, {});
     doc.erase("data");
-    const std::string text = doc.dump(2) + "\n";
+    const std::string text = doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     if (opt.json == "-") std::fputs(text.c_str(), stdout);
     else write_file_atomic(opt.json, text.data(), text.size());
   }

@@ -361,7 +361,7 @@ int run_decode(const AppOptions& opt) {
       if (o.lse) w.add("lse", *o.lse);
       if (decoded[k].k_cache) w.add("K_cache", *decoded[k].k_cache);
       if (decoded[k].v_cache) w.add("V_cache", *decoded[k].v_cache);
-      w.add_file("timing.json", document({k}).dump(2) + "\n");
+      w.add_file("timing.json", document({k}).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
       w.finish();
       if (!opt.quiet) con.note("wrote " + dir);
     }
@@ -381,7 +381,7 @@ int run_decode(const AppOptions& opt) {
   if (!opt.json.empty()) {
     std::vector<size_t> every(records.size());
     for (size_t k = 0; k < every.size(); ++k) every[k] = k;
-    const std::string text = document(every).dump(2) + "\n";
+    const std::string text = document(every).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     if (opt.json == "-") std::fputs(text.c_str(), stdout);
     else write_file_atomic(opt.json, text.data(), text.size());
   }

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -121,6 +122,42 @@ void check_output_file(const std::string& path, const std::string& what) {
   if (!fs::is_directory(parent, ec)) throw InputError(who + ": " + parent.string() + " is not a directory");
   if (::access(parent.c_str(), W_OK | X_OK) != 0)
     throw InputError(who + ": cannot write into " + parent.string() + " (" + std::strerror(errno) + ")");
+}
+
+bool valid_utf8(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    size_t len = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + len > n) return false;
+    for (size_t k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    // Overlong forms, surrogates and code points past U+10FFFF are not UTF-8.
+    const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min_cp[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += len;
+  }
+  return true;
+}
+
+void check_utf8_path(const std::string& path, const std::string& what) {
+  if (!valid_utf8(path)) throw InputError(what + ": the path is not valid UTF-8 (the JSON reports hold UTF-8 only)");
 }
 
 bool same_file(const std::string& a, const std::string& b) {

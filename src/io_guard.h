@@ -37,6 +37,11 @@ int descriptor_named(const std::string& path);
 // directory this process may create files in. Creates nothing.
 void check_output_file(const std::string& path, const std::string& what);
 
+// True when `s` is well-formed UTF-8. Paths go into the JSON reports, which hold UTF-8 only: a
+// path option that is not is refused up front (check_utf8_path) instead of failing the report.
+bool valid_utf8(const std::string& s);
+void check_utf8_path(const std::string& path, const std::string& what);
+
 // True when the two paths name the same existing file or directory (by identity).
 bool same_file(const std::string& a, const std::string& b);
 

@@ -28,6 +28,8 @@ constexpr char kMagic[] = "\x93NUMPY";
 constexpr size_t kMagicLen = 6;
 constexpr int kMaxDepth = 8;    // dict > tuple/list > ...: real headers need 3
 constexpr size_t kMaxRank = 64;  // numpy's own limit
+constexpr uint64_t kMaxHeaderLen = 65536;  // bytes of header dict; numpy's default cap is 10000
+constexpr size_t kMaxDictKeys = 64;        // real headers have 3 keys
 constexpr const char* kSupported = "supported: <f2 <f4 <f8 <i4 <i8 <V2 (bfloat16)";
 
 // Text taken from a file, made safe to quote in a one-line message: control characters and
@@ -179,6 +181,7 @@ class LiteralParser {
     v.kind = Value::Dict;
     skip_space();
     while (peek() != '}') {
+      if (v.dict.size() >= kMaxDictKeys) fail("more than " + std::to_string(kMaxDictKeys) + " keys");
       if (peek() != '\'' && peek() != '"') fail("dict key is not a string");
       std::string key = parse_string().str;
       for (const auto& kv : v.dict) {
@@ -329,6 +332,11 @@ NpyPrefix parse_prefix(const uint8_t* bytes, size_t size, uint64_t file_size, co
   if (p.header_len > file_size - p.length) {
     throw InputError(origin + ": truncated .npy header (needs " + std::to_string(p.length + p.header_len) +
                      " bytes, have " + std::to_string(file_size) + ")");
+  }
+  // numpy itself refuses headers over 10000 bytes unless told otherwise; real ones take ~128.
+  if (p.header_len > kMaxHeaderLen) {
+    throw InputError(origin + ": .npy header of " + std::to_string(p.header_len) + " bytes (at most " +
+                     std::to_string(kMaxHeaderLen) + " read)");
   }
   return p;
 }

@@ -251,7 +251,7 @@ int run_sweep(const AppOptions& opt) {
       json doc = session_json(hdr, records);
       doc["data"] = gen;
       doc["sweep"] = {{"name", grid.name}, {"point", i + 1}, {"points", grid.points.size()}};
-      lines << doc.dump() << "\n";
+      lines << doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
       lines.flush();
     } else {
       for (const RunRecord& r : records) all_runs.push_back(run_json(hdr, r));
@@ -280,7 +280,7 @@ int run_sweep(const AppOptions& opt) {
     doc["runs"] = all_runs;
     doc["data"] = {{"generated", "normal(0, 1)"}, {"where", device >= 0 ? "device" : "host"}, {"seed", opt.seed}};
     doc["sweep"] = {{"name", grid.name}, {"points", grid.points.size()}};
-    const std::string text = doc.dump(2) + "\n";
+    const std::string text = doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     if (opt.json == "-") std::fputs(text.c_str(), stdout);
     else write_file_atomic(opt.json, text.data(), text.size());
   }

@@ -105,6 +105,14 @@ void expand(const json& point, const json& file_defaults, const SweepDefaults& c
   } else {
     throw InputError(where + ": missing S (or S_q and S_k)");
   }
+  // Size checks before any work: a point whose Q or K alone would hold more than 2^37 elements
+  // (256 GB at 16 bits, more memory than any GPU or host this runs on) is refused here rather than
+  // failing an allocation later.
+  const Dims& d = base.dims;
+  const double q_elems = double(d.B) * d.H * d.S_q * d.D, k_elems = double(d.B) * d.H_kv * d.S_k * d.D;
+  if (std::max(q_elems, k_elems) > double(int64_t(1) << 37))
+    throw InputError(where + fmt::format(": Q and K would hold {:.3g} and {:.3g} elements (at most 2^37 each)", q_elems,
+                                         k_elems));
   base.modes = f.contains("modes") ? parse_modes(f["modes"], where)
                                    : parse_modes(f.value("mode", json("both")), where);
   if (f.contains("kernels")) base.kernels = parse_kernels(f["kernels"], where);
