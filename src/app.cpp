@@ -249,6 +249,13 @@ int run_app(const AppOptions& opt) {
                                    std::pair{opt.json, "--json"}, std::pair{opt.sweep, "--sweep"}})
     check_utf8_path(path, what);
   if (opt.mode == "decode") return run_decode(opt);
+  // Decode's own options mean nothing to forward/backward runs and sweeps: refused, not ignored.
+  const std::pair<bool, const char*> decode_only[] = {{opt.splits != 0, "--splits"},
+                                                      {opt.steps != 0, "--steps"},
+                                                      {opt.prompt_len != 0, "--prompt-len"},
+                                                      {opt.write_cache, "--write-cache"}};
+  for (const auto& [given, name] : decode_only)
+    if (given) throw InputError(std::string(name) + ": only with --mode decode");
   if (!opt.sweep.empty()) return run_sweep(opt);
   if (opt.dry_run) throw InputError("--dry-run: only with --sweep");
   if (opt.ceilings && opt.data.empty() && opt.compute.empty()) return run_ceilings(opt);

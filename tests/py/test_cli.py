@@ -78,6 +78,9 @@ def test_list_shows_every_registered_kernel_and_mode():
         (["--compute", "cpu", "--data", "DATA", "--threads", "100000000"], "--threads"),
         (["--compute", "cpu", "--data", "DATA", "--warmup", "1000000000"], "--warmup"),
         (["--compute", "cpu", "--data", "DATA", "--device", "99999"], "--device"),
+        (["--compute", "cpu", "--data", "DATA", "--splits", "4"], "--splits: only with --mode decode"),
+        (["--compute", "cpu", "--data", "DATA", "--steps", "3"], "--steps: only with --mode decode"),
+        (["--compute", "cpu", "--data", "DATA", "--write-cache"], "--write-cache: only with --mode decode"),
         (["--bogus-flag"], "bogus"),
     ],
 )
