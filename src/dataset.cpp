@@ -304,6 +304,16 @@ void OutputWriter::check_writable(const std::string& dir) {
   if (::access(p.c_str(), W_OK | X_OK) != 0) {
     throw InputError(dir + ": cannot write outputs here (" + p.string() + ": " + std::strerror(errno) + ")");
   }
+  // A directory where an output file goes would fail the set after the kernels ran: refused now.
+  for (const char* name : {"O", "lse", "dQ", "dK", "dV", "dO", "K_cache", "V_cache"})
+    for (const char* ext : {".npy", ".bin"}) {
+      const fs::path f = fs::path(dir) / (std::string(name) + ext);
+      if (fs::is_directory(fs::symlink_status(f, ec)))
+        throw InputError(dir + ": cannot write outputs here (" + f.filename().string() + " is a directory)");
+    }
+  for (const char* name : {"timing.json", "meta.json"})
+    if (fs::is_directory(fs::symlink_status(fs::path(dir) / name, ec)))
+      throw InputError(dir + ": cannot write outputs here (" + std::string(name) + " is a directory)");
 }
 
 void OutputWriter::ensure_dir() {
@@ -377,13 +387,40 @@ void OutputWriter::finish() {
     const json meta = {{"format_version", 1}, {"layout", layout_name(layout_)}, {"files", files}};
     add_file("meta.json", meta.dump(2) + "\n");
   }
-  while (!staged_.empty()) {
-    const auto& s = staged_.front();
-    if (std::rename(s.first.c_str(), s.second.c_str()) != 0) {
-      throw RuntimeError(s.second + ": cannot replace file (" + std::strerror(errno) + ")");
-    }
-    staged_.erase(staged_.begin());
+  // All or nothing. Nothing can be in the way of a file (a directory there fails the set before any
+  // file moves); the files being replaced are set aside first and put back if any later rename
+  // fails, so a failure leaves the previous set, and success leaves only the new one.
+  std::error_code ec;
+  for (const auto& st : staged_) {
+    if (fs::is_directory(fs::symlink_status(st.second, ec)))
+      throw RuntimeError(st.second + ": cannot replace file (a directory is in the way)");
   }
+  std::vector<std::pair<std::string, std::string>> set_aside;  // (final, backup)
+  std::vector<std::string> placed;
+  auto roll_back = [&] {
+    for (const std::string& f : placed) ::unlink(f.c_str());
+    for (const auto& b : set_aside) std::rename(b.second.c_str(), b.first.c_str());
+  };
+  for (const auto& st : staged_) {
+    if (!fs::exists(fs::symlink_status(st.second, ec))) continue;
+    const std::string backup = st.second + ".previous.tmp." + std::to_string(static_cast<long>(::getpid()));
+    if (std::rename(st.second.c_str(), backup.c_str()) != 0) {
+      const std::string why = std::strerror(errno);
+      roll_back();
+      throw RuntimeError(st.second + ": cannot replace file (" + why + ")");
+    }
+    set_aside.emplace_back(st.second, backup);
+  }
+  for (const auto& st : staged_) {
+    if (std::rename(st.first.c_str(), st.second.c_str()) != 0) {
+      const std::string why = std::strerror(errno);
+      roll_back();
+      throw RuntimeError(st.second + ": cannot replace file (" + why + ")");
+    }
+    placed.push_back(st.second);
+  }
+  staged_.clear();
+  for (const auto& b : set_aside) ::unlink(b.second.c_str());
 }
 
 }  // namespace flashattn

@@ -64,9 +64,10 @@ class OutputWriter {
   void finish();
   const std::string& dir() const { return dir_; }
 
-  // Checks, creating nothing, that `dir` is a writable directory or can be created as one:
-  // InputError "DIR: cannot write outputs here (...)" otherwise. Run before any kernel, so a bad
-  // output directory is reported before minutes of work.
+  // Checks, creating nothing, that `dir` is a writable directory or can be created as one, and
+  // that no output file name in it is taken by a directory: InputError "DIR: cannot write outputs
+  // here (...)" otherwise. Run before any kernel, so a bad output directory is reported before
+  // minutes of work.
   static void check_writable(const std::string& dir);
 
  private:

@@ -87,6 +87,45 @@ TEST(OutputSet, AnUnfinishedSetKeepsThePreviousOutputs) {
   fs::remove_all(root);
 }
 
+// One file of the set cannot land (a directory is where lse.npy would go): no file of the set
+// moves, the previous O.npy stays, and nothing temporary is left.
+TEST(OutputSet, ADirectoryInTheWayOfOneFileLeavesThePreviousSet) {
+  const std::string root = scratch_dir();
+  fa::write_npy(root + "/O.npy", ones({3}));
+  fs::create_directory(root + "/lse.npy");
+  {
+    fa::OutputWriter w(root, fa::FileFormat::Npy, fa::Layout::BHSD, {});
+    w.add("O", ones({5}));
+    w.add("lse", ones({5}));
+    try {
+      w.finish();
+      ADD_FAILURE() << "finish() replaced a directory";
+    } catch (const fa::RuntimeError& e) {
+      EXPECT_NE(std::string(e.what()).find("lse.npy"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(fa::read_npy(root + "/O.npy").shape, (std::vector<int64_t>{3}));
+  EXPECT_EQ(names_in(root), (std::set<std::string>{"O.npy", "lse.npy"}));
+  fs::remove_all(root);
+}
+
+// Replacing a whole previous set leaves only the new files (the set-aside copies are gone).
+TEST(OutputSet, ReplacingAPreviousSetLeavesOnlyTheNewFiles) {
+  const std::string root = scratch_dir();
+  fa::write_npy(root + "/O.npy", ones({3}));
+  fa::write_npy(root + "/lse.npy", ones({3}));
+  {
+    fa::OutputWriter w(root, fa::FileFormat::Npy, fa::Layout::BHSD, {});
+    w.add("O", ones({5}));
+    w.add("lse", ones({5}));
+    w.finish();
+  }
+  EXPECT_EQ(fa::read_npy(root + "/O.npy").shape, (std::vector<int64_t>{5}));
+  EXPECT_EQ(fa::read_npy(root + "/lse.npy").shape, (std::vector<int64_t>{5}));
+  EXPECT_EQ(names_in(root), (std::set<std::string>{"O.npy", "lse.npy"}));
+  fs::remove_all(root);
+}
+
 // A full disk, simulated with a file-size limit: write() fails with EFBIG once the limit is hit.
 TEST(OutputSet, AFailedWriteNamesTheOutputFileAndLeavesNothing) {
   const std::string root = scratch_dir(), out = root + "/out";

@@ -150,3 +150,12 @@ def test_meta_json_with_a_key_twice_is_refused(tmp_path):
     (d / "meta.json").write_text('{"B": 1, "H": 2, "S": 8, "D": 4, "D": 4, "dtype": "fp32"}')
     r = run("--compute", "cpu", "--data", d, "--no-write", "-q")
     one_line_error(r, "meta.json", "appears twice")
+
+
+def test_a_directory_where_an_output_file_goes_is_refused_before_the_run(tmp_path):
+    d = data_dir(tmp_path / "data")
+    out = tmp_path / "out"
+    (out / "lse.npy").mkdir(parents=True)
+    r = run("--compute", "cpu", "--data", d, "--out", out, "-q")
+    one_line_error(r, "--out", "lse.npy is a directory")
+    assert sorted(p.name for p in out.iterdir()) == ["lse.npy"]
