@@ -5,12 +5,13 @@
 #include "decode_reference.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <limits>
 #include <map>
 #include <thread>
 #include <utility>
+
+#include "parallel.h"
 
 namespace flashattn {
 namespace {
@@ -149,18 +150,10 @@ void decode_reference_rows(const DecodeRefInputs& in, const std::vector<DecodeRo
 
   unsigned threads = in.threads > 0 ? static_cast<unsigned>(in.threads) : std::thread::hardware_concurrency();
   threads = std::max(1u, std::min<unsigned>(threads, static_cast<unsigned>(tasks.size())));
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    for (size_t t = next++; t < tasks.size(); t = next++)
-      run_group(in, tasks[t].first.first, tasks[t].first.second, rows, tasks[t].second, o, lse);
-  };
-  if (threads == 1) {
-    worker();
-    return;
-  }
-  std::vector<std::thread> pool;
-  for (unsigned t = 0; t < threads; ++t) pool.emplace_back(worker);
-  for (std::thread& t : pool) t.join();
+  parallel_tasks(static_cast<int64_t>(tasks.size()), static_cast<int>(threads), [] { return 0; },
+                 [&](int64_t t, int) {
+                   run_group(in, tasks[t].first.first, tasks[t].first.second, rows, tasks[t].second, o, lse);
+                 });
 }
 
 void decode_reference(const DecodeRefInputs& in, double* o, double* lse) {

@@ -18,12 +18,9 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cmath>
-#include <exception>
 #include <limits>
 #include <map>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -31,6 +28,7 @@
 
 #include "array.h"
 #include "flashattn/error.h"
+#include "parallel.h"
 
 namespace flashattn {
 namespace {
@@ -262,28 +260,10 @@ int worker_count(int requested, int64_t tasks, double total_work) {
   return static_cast<int>(std::min<int64_t>(n, std::max<int64_t>(tasks, 1)));
 }
 
-// Runs body(t, scratch) for every t in [0, tasks). Tasks are handed out from a shared counter;
-// since each output belongs to one task, the result does not depend on which thread runs it.
+// Runs body(t, scratch) for every t in [0, tasks), each thread with its own Scratch (parallel.h).
 template <class Body>
 void parallel_tasks(int64_t tasks, int workers, const Dims& dims, Body body) {
-  std::atomic<int64_t> next{0};
-  std::exception_ptr error;
-  std::mutex error_mu;
-  auto work = [&] {
-    try {
-      Scratch scratch(dims);
-      for (int64_t t = next++; t < tasks; t = next++) body(t, scratch);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(error_mu);
-      if (!error) error = std::current_exception();
-      next = tasks;  // stop the other workers early
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int w = 1; w < workers; ++w) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
+  flashattn::parallel_tasks(tasks, workers, [&] { return Scratch(dims); }, body);
 }
 
 // Splits n rows of `row_cost` work each into chunks: enough chunks to balance the workers (rows
