@@ -237,10 +237,17 @@ DecodeDataset load_decode_dataset(const std::string& dir) {
         }
       }
     }
+    // Within one element two blocks on one page would make two positions one slot: always wrong.
+    std::vector<int> owner_block(static_cast<size_t>(d.num_blocks), -1);
     for (int b = 0; b < d.B; ++b) {
       const int L = c[b] + d.S_new;
+      std::fill(owner_block.begin(), owner_block.end(), -1);
       for (int blk = 0; blk * d.page_size < L; ++blk) {
         const int page = t[static_cast<int64_t>(b) * d.max_blocks + blk];
+        if (owner_block[page] >= 0)
+          throw InputError(pbt + ": block_table[" + str(b) + ", " + str(owner_block[page]) + "] and [" + str(b) + ", " +
+                           str(blk) + "] are both page " + str(page));
+        owner_block[page] = blk;
         if (appender[page] >= 0 && appender[page] != b)
           throw InputError(pbt + ": page " + str(page) + " is read by batch element " + str(b) +
                            " but receives new tokens of batch element " + str(appender[page]));

@@ -145,6 +145,13 @@ TEST(DecodeData, RefusesReadingAPageAnotherElementAppendsInto) {
   expect_input_error(dir, "page 0");
 }
 
+TEST(DecodeData, RefusesTwoBlocksOfOneElementOnOnePage) {
+  // Element 0's blocks 0 and 1 are both page 0: positions j and j + page_size would alias.
+  const std::string dir = write_dir(true, {20, 3});
+  put(dir, "block_table", i32({2, 2}, {0, 0, 1, 2}));
+  expect_input_error(dir, "are both page 0");
+}
+
 TEST(DecodeData, AllowsSharedPrefixPagesNobodyAppendsInto) {
   // Both elements read page 0 (a shared prefix) and append into pages of their own.
   const std::string dir = write_dir(true, {16, 17});
