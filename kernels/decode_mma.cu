@@ -455,7 +455,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) decode_kern
     const float inv = empty ? 0.f : 1.f / l;
 #pragma unroll
     for (int w = 0; w < Tr::kNWarps; ++w) fW[w * Tr::kRows + tid] = f[w] * inv;
-    fLse[tid] = empty ? -INFINITY : (m + log2f(l)) * mma::kLn2;
+    fLse[tid] = empty ? -INFINITY : (m + log2f(l)) * kLn2;
   }
   __syncthreads();
   constexpr int kVec = Tr::kHeadDim / 4;  // float4 columns per row

@@ -51,6 +51,7 @@
 #include <type_traits>
 
 #include "common/mask.cuh"
+#include "common/math_constants.h"
 #include "common/switch.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
@@ -59,7 +60,6 @@
 namespace flashattn {
 namespace fa1_bwd {
 
-constexpr float kLog2e = 1.4426950408889634f;
 
 template <int kHeadDim_>
 struct Traits {

@@ -58,6 +58,7 @@
 #include <type_traits>
 
 #include "common/mask.cuh"
+#include "common/math_constants.h"
 #include "common/switch.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
@@ -66,8 +67,6 @@
 namespace flashattn {
 namespace fa1_fwd {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 template <int kHeadDim_>
 struct Traits {

@@ -41,6 +41,7 @@
 
 #include "common/host_device.h"
 #include "common/mask.cuh"
+#include "common/math_constants.h"
 #include "common/switch.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
@@ -61,7 +62,6 @@ namespace fa2_bwd {
 
 constexpr int kNThreads = 256;  // 8 warps: 2 per scheduler at one block per SM
 constexpr int kNWarps = kNThreads / 32;
-constexpr float kLog2e = 1.4426950408889634f;
 // The largest dynamic shared memory an sm_80 block may opt into. Every head dim's tiles fit, so
 // one set of traits serves sm_80 and sm_90.
 constexpr int kSmemLimitSm80 = 163 * 1024;

@@ -40,6 +40,7 @@
 
 #include "common/layout_checks.h"
 #include "common/mask.cuh"
+#include "common/math_constants.h"
 #include "common/switch.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
@@ -143,8 +144,6 @@ struct Args {
   Visibility vis;
 };
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 __device__ __forceinline__ float ex2(float x) {
   float y;

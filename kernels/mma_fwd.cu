@@ -248,7 +248,7 @@ __device__ __forceinline__ void mask_scores(float (&rS)[Tr::kMTiles][Tr::kNTiles
           if constexpr (kPrescale) {
             s *= a.scale_log2;
             if (visible && bias_row != nullptr)
-              s = fmaf(__ldg(bias_row + (jj + 2 * (lane % 4)) * a.vis.mask.col), mma::kLog2e, s);
+              s = fmaf(__ldg(bias_row + (jj + 2 * (lane % 4)) * a.vis.mask.col), kLog2e, s);
           }
           if (!visible) s = -INFINITY;
         }

@@ -96,6 +96,7 @@
 
 #include "common/layout_checks.h"
 #include "common/mask.cuh"
+#include "common/math_constants.h"
 #include "common/mma_sm80.cuh"
 #include "common/wmma_frag.cuh"
 #include "common/wmma_fwd_steps.cuh"
@@ -107,7 +108,6 @@
 namespace flashattn {
 namespace wmma_fwd {
 
-constexpr float kLn2 = 0.6931471805599453f;
 
 // Largest multiple of 16 that divides d and is at most n: the column chunk of O staged through a
 // warp's score tile in the epilogue.

@@ -15,13 +15,12 @@
 
 #include <cmath>
 
+#include "common/math_constants.h"
 #include "common/mma_sm80.cuh"
 
 namespace flashattn {
 namespace mma {
 
-constexpr float kLn2 = 0.693147180559945309f;
-constexpr float kLog2e = 1.442695040888963407f;
 
 template <int kMTiles, int kNTiles>
 struct OnlineSoftmax {

@@ -21,12 +21,12 @@
 #include <cstring>
 
 #include "common/mask.cuh"
+#include "common/math_constants.h"
 #include "common/mma_sm80.cuh"
 
 namespace flashattn {
 namespace mma_bwd {
 
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Two 16-bit values of a .b32 register (lo first) as floats.
 template <class T> __device__ __forceinline__ float2 unpack2(uint32_t u);

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "common/mask.cuh"
+#include "common/math_constants.h"
 #include "common/mma_sm80.cuh"
 #include "common/wmma_tile.cuh"
 #include "flashattn/params.h"
@@ -27,7 +28,6 @@ namespace wmma_bwd {
 namespace wmma = nvcuda::wmma;
 using wmma_tile::AccFrag;
 
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Tiles of one step: kBlockM query rows x kBlockN keys, 8 warps sharing each product's 16x16
 // output tiles round-robin. kStages buffers of the tiles that change every step (Q/dO for the

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "common/mask.cuh"
+#include "common/math_constants.h"
 #include "common/mma_sm80.cuh"
 #include "common/wmma_frag.cuh"
 #include "common/wmma_tile.cuh"
@@ -24,7 +25,6 @@ using wmma_tile::FragA;
 using wmma_tile::FragB;
 using wmma_tile::FragBT;
 
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Per-lane ldmatrix row offsets (elements) for the kernel's tile pitches; unused by load_matrix_sync.
 template <class Tr>
