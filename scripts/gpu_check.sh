@@ -29,11 +29,7 @@ grep -h "spill\|stack frame" "$out/build.log" | grep -v " 0 bytes spill" | sort 
 # The hopper kernels must be on Hopper's own paths: warpgroup MMAs (HGMMA) fed by the tensor copy
 # engine (UTMALDG). An object without them means a silent fallback to older instructions.
 say "hopper SASS"
-for obj in "$build"/CMakeFiles/flashattn_kernels_sm90a.dir/kernels/*.o; do
-  counts=$(cuobjdump -sass "$obj" 2>/dev/null | grep -oE "HGMMA|UTMALDG|UTMASTG|USETMAXREG" | sort | uniq -c | tr -s ' \n' ' ')
-  echo "$(basename "$obj"): $counts"
-  [[ $counts == *HGMMA* && $counts == *UTMALDG* ]] || { echo "no HGMMA/UTMALDG in $obj"; status=1; }
-done
+check_hopper_sass "$build" || status=1
 
 if [ "${GPU_CHECK_TESTS:-1}" != 0 ]; then
   say "GPU test matrix"

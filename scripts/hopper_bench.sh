@@ -38,11 +38,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu -
 
 if want sass; then
   say "hopper SASS"
-  for obj in "$build"/CMakeFiles/flashattn_kernels_sm90a.dir/kernels/*.o; do
-    counts=$(cuobjdump -sass "$obj" 2>/dev/null | grep -oE "HGMMA|UTMALDG|UTMASTG|USETMAXREG" | sort | uniq -c | tr -s ' \n' ' ')
-    echo "$(basename "$obj"): $counts"
-    [[ $counts == *HGMMA* && $counts == *UTMALDG* ]] || { echo "no HGMMA/UTMALDG in $obj"; status=1; }
-  done
+  check_hopper_sass "$build" || status=1
 fi
 
 if want tests; then

@@ -49,3 +49,16 @@ build_tree() {
   say "build (-j$jobs)"
   cmake --build "$build" -j "$jobs"
 }
+
+# check_hopper_sass BUILD_DIR: the sm_90a objects must hold warpgroup MMAs (HGMMA) fed by the
+# tensor copy engine (UTMALDG); an object without them means a silent fallback to older
+# instructions. Prints the counts per object; returns 1 if one lacks either.
+check_hopper_sass() {
+  local obj counts rc=0
+  for obj in "$1"/CMakeFiles/flashattn_kernels_sm90a.dir/kernels/*.o; do
+    counts=$(cuobjdump -sass "$obj" 2>/dev/null | grep -oE "HGMMA|UTMALDG|UTMASTG|USETMAXREG" | sort | uniq -c | tr -s ' \n' ' ')
+    echo "$(basename "$obj"): $counts"
+    [[ $counts == *HGMMA* && $counts == *UTMALDG* ]] || { echo "no HGMMA/UTMALDG in $obj"; rc=1; }
+  done
+  return $rc
+}

@@ -18,14 +18,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def data_dir(d):
-    d.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    for name in ("Q", "K", "V"):
-        np.save(d / f"{name}.npy", rng.standard_normal((1, 2, 8, 4)).astype(np.float32))
-    return d
-
-
 def refused_fast(args, *needles, limit_s=10):
     t0 = time.monotonic()
     r = subprocess.run([str(FLASHATTN), *map(os.fsencode, map(str, args))], capture_output=True, timeout=60)
@@ -39,8 +31,8 @@ def refused_fast(args, *needles, limit_s=10):
 
 
 @pytest.mark.parametrize("keys", [100, 300000])
-def test_npy_header_with_many_keys_is_refused_fast(tmp_path, keys):
-    d = data_dir(tmp_path / "data")
+def test_npy_header_with_many_keys_is_refused_fast(tmp_path, keys, qkv_dir):
+    d = qkv_dir
     extra = ", ".join(f"'k{i}': 1" for i in range(keys))
     hdr = "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 2, 8, 4), " + extra + ", }"
     hdr += " " * ((64 - (len(hdr) + 13) % 64) % 64) + "\n"
@@ -56,8 +48,8 @@ def test_a_sweep_point_too_large_for_any_machine_is_refused_before_work(tmp_path
 
 
 @pytest.mark.parametrize("option", ["--data", "--json", "--out"])
-def test_path_options_that_are_not_utf8_are_refused(tmp_path, option):
-    d = data_dir(tmp_path / "data")
+def test_path_options_that_are_not_utf8_are_refused(tmp_path, option, qkv_dir):
+    d = qkv_dir
     bad = os.fsdecode(os.fsencode(str(tmp_path)) + b"/x\xff")
     args = {"--data": ["--compute", "cpu", "--data", bad],
             "--json": ["--compute", "cpu", "--data", d, "--no-write", "--json", bad + ".json"],

@@ -24,14 +24,6 @@ pytestmark = pytest.mark.skipif(
 INPUT = 2
 
 
-def data_dir(d):
-    d.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    for name in ("Q", "K", "V"):
-        np.save(d / f"{name}.npy", rng.standard_normal((1, 2, 8, 4)).astype(np.float32))
-    return d
-
-
 def digest(path):
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
@@ -49,8 +41,8 @@ def one_line_error(r, *needles):
 
 
 @pytest.mark.parametrize("spelling", ["direct", "dot-dot", "symlink", "hardlink"])
-def test_json_naming_an_input_is_refused_and_the_input_kept(tmp_path, spelling):
-    d = data_dir(tmp_path / "data")
+def test_json_naming_an_input_is_refused_and_the_input_kept(tmp_path, spelling, qkv_dir):
+    d = qkv_dir
     before = digest(d / "K.npy")
     target = {
         "direct": d / "K.npy",
@@ -67,8 +59,8 @@ def test_json_naming_an_input_is_refused_and_the_input_kept(tmp_path, spelling):
     assert digest(d / "K.npy") == before
 
 
-def test_out_naming_the_data_dir_through_a_symlink_is_refused(tmp_path):
-    d = data_dir(tmp_path / "data")
+def test_out_naming_the_data_dir_through_a_symlink_is_refused(tmp_path, qkv_dir):
+    d = qkv_dir
     (tmp_path / "alias").symlink_to(d, target_is_directory=True)
     r = run("--compute", "cpu", "--data", d, "--out", tmp_path / "alias", "-q")
     one_line_error(r, "--out", "input directory")
@@ -85,8 +77,8 @@ def test_sweep_json_naming_the_preset_is_refused(tmp_path):
         assert digest(preset) == before
 
 
-def test_json_to_a_fifo_is_written_in_place(tmp_path):
-    d = data_dir(tmp_path / "data")
+def test_json_to_a_fifo_is_written_in_place(tmp_path, qkv_dir):
+    d = qkv_dir
     fifo = tmp_path / "out.fifo"
     os.mkfifo(fifo)
     got = {}
@@ -104,15 +96,15 @@ def test_json_to_a_fifo_is_written_in_place(tmp_path):
     assert b'"command_line"' in got.get("bytes", b"")
 
 
-def test_json_to_dev_null_leaves_dev_null_a_device(tmp_path):
-    d = data_dir(tmp_path / "data")
+def test_json_to_dev_null_leaves_dev_null_a_device(tmp_path, qkv_dir):
+    d = qkv_dir
     r = run("--compute", "cpu", "--data", d, "--json", "/dev/null", "-q")
     assert r.returncode == 0, r.stderr
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
 
 
-def test_json_to_dev_stdout_redirected_to_a_file_keeps_what_was_printed(tmp_path):
-    d = data_dir(tmp_path / "data")
+def test_json_to_dev_stdout_redirected_to_a_file_keeps_what_was_printed(tmp_path, qkv_dir):
+    d = qkv_dir
     out = tmp_path / "stdout.txt"
     with open(out, "w") as f:
         r = subprocess.run([str(FLASHATTN), "--compute", "cpu", "--data", str(d), "--json", "/dev/stdout", "-q"],
@@ -152,8 +144,8 @@ def test_meta_json_with_a_key_twice_is_refused(tmp_path):
     one_line_error(r, "meta.json", "appears twice")
 
 
-def test_a_directory_where_an_output_file_goes_is_refused_before_the_run(tmp_path):
-    d = data_dir(tmp_path / "data")
+def test_a_directory_where_an_output_file_goes_is_refused_before_the_run(tmp_path, qkv_dir):
+    d = qkv_dir
     out = tmp_path / "out"
     (out / "lse.npy").mkdir(parents=True)
     r = run("--compute", "cpu", "--data", d, "--out", out, "-q")
