@@ -19,7 +19,7 @@
 
 #include "array.h"
 #include "dataset.h"
-#include "device_fill.h"
+#include "flashattn/device_fill.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
 #include "report.h"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "device_fill.h"
+#include "flashattn/device_fill.h"
 #include "device_info.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"

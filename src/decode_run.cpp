@@ -9,7 +9,7 @@
 #include <sstream>
 #include <tuple>
 
-#include "decode_cache.h"
+#include "flashattn/decode_cache.h"
 #include "decode_reference.h"
 #include "device_buffer.h"
 #include "flashattn/check.h"

@@ -9,10 +9,10 @@
 #include <numeric>
 #include <optional>
 
-#include "decode_cache.h"
+#include "flashattn/decode_cache.h"
 #include "decode_reference.h"
 #include "device_buffer.h"
-#include "device_fill.h"
+#include "flashattn/device_fill.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
 #include "nvtx.h"

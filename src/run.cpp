@@ -14,7 +14,7 @@
 
 #include "dataset.h"
 #include "device_buffer.h"
-#include "device_fill.h"
+#include "flashattn/device_fill.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
 #include "nvtx.h"

@@ -1,4 +1,4 @@
-// The update-cache kernel of a decode step (src/decode_cache.h): k_new/v_new rows go to cache
+// The update-cache kernel of a decode step (flashattn/decode_cache.h): k_new/v_new rows go to cache
 // positions cache_seqlens[b] + i, contiguous or through the block table. One thread per 16-byte
 // chunk of a row (whole rows are 16-byte multiples for every supported head dim), one per element
 // when a stride or pointer is not 16-byte aligned. The rows it writes are a few kilobytes per step:
@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "common/decode.cuh"
-#include "decode_cache.h"
+#include "flashattn/decode_cache.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
 

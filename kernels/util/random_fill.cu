@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "common/dtype.cuh"
-#include "device_fill.h"
+#include "flashattn/device_fill.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
 

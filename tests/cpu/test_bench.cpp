@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "array.h"
-#include "device_fill.h"
+#include "flashattn/device_fill.h"
 #include "flashattn/error.h"
 #include "sweep.h"
 #include "timing.h"
