@@ -32,6 +32,7 @@
 #include "common/dtype.cuh"
 #include "common/mask.cuh"
 #include "common/switch.h"
+#include "common/warp_reduce.cuh"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
 #include "flashattn/registry.h"
@@ -89,7 +90,7 @@ struct DSoftmaxArgs {
 // Sum over the row's threads, identical in each of them.
 template <int kRowThreads>
 __device__ inline float row_sum(float x, float* sm) {
-  for (int off = 16; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
+  x = warp_sum(x);
   if constexpr (kRowThreads > 32) {
     __syncthreads();  // the previous row's readers are done with sm
     if (threadIdx.x % 32 == 0) sm[threadIdx.x / 32] = x;

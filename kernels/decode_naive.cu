@@ -17,6 +17,7 @@
 #include "common/decode.cuh"
 #include "common/dtype.cuh"
 #include "common/switch.h"
+#include "common/warp_reduce.cuh"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
 #include "flashattn/registry.h"
@@ -71,14 +72,6 @@ __global__ void scores_kernel(const Args<T> a, int64_t n) {
   }
 }
 
-__device__ inline float warp_max(float x) {
-  for (int off = 16; off > 0; off /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
-  return x;
-}
-__device__ inline float warp_sum(float x) {
-  for (int off = 16; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
-  return x;
-}
 
 template <class T>
 __global__ void softmax_kernel(const Args<T> a, int64_t rows) {

@@ -18,6 +18,7 @@
 #include "common/dtype.cuh"
 #include "common/mask.cuh"
 #include "common/switch.h"
+#include "common/warp_reduce.cuh"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
 #include "flashattn/registry.h"
@@ -97,14 +98,6 @@ __global__ void scores_kernel(Args<T> a, int64_t n) {
     scores_at(a, e);
 }
 
-__device__ inline float warp_max(float x) {
-  for (int off = 16; off > 0; off /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
-  return x;
-}
-__device__ inline float warp_sum(float x) {
-  for (int off = 16; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
-  return x;
-}
 
 // One warp per row of S: m = rowmax(S), l = rowsum(exp(S - m)), lse = m + log(l),
 // P = exp(S - lse) rounded to the dtype. A row without a finite score gets lse = -inf, P = 0.

@@ -12,6 +12,7 @@
 #include "common/decode.cuh"
 #include "common/dtype.cuh"
 #include "common/switch.h"
+#include "common/warp_reduce.cuh"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
 
@@ -37,12 +38,12 @@ __global__ void combine_kernel(const CombineArgs<T> a) {
   // m = max_s lse_s
   float m = -INFINITY;
   for (int s = lane; s < a.splits; s += 32) m = fmaxf(m, a.ws.lse[s * a.rows + row]);
-  for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  m = warp_max(m);
   // sum_s exp(lse_s - m); 0 when every piece is empty (m = -inf)
   float sum = 0.f;
   if (m != -INFINITY)
     for (int s = lane; s < a.splits; s += 32) sum += expf(a.ws.lse[s * a.rows + row] - m);
-  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  sum = warp_sum(sum);
   const bool empty = !(sum > 0.f);
   const float lse = empty ? -INFINITY : m + logf(sum);
 
