@@ -17,8 +17,8 @@ import os
 
 import numpy as np
 
-import reference
-from reference import BadInput
+import reference_common
+from reference_common import BadInput
 
 NAMES = ("q", "k_new", "v_new", "K_cache", "V_cache", "cache_seqlens", "block_table")
 
@@ -32,7 +32,7 @@ class DecodeData:
 
     def __init__(self, data_dir):
         self.dir = data_dir
-        d = reference.Directory(data_dir)
+        d = reference_common.Directory(data_dir)
         if d.meta_layout() not in (None, "bhsd"):
             raise BadInput(f"{d.meta_path}: decode directories are bhsd")
 
@@ -48,7 +48,7 @@ class DecodeData:
         q, kn, kc = self.arrays["q"], self.arrays["k_new"], self.arrays["K_cache"]
         for name in ("q", "k_new", "v_new", "K_cache", "V_cache"):
             a = self.arrays[name]
-            if a.ndim != 4 or reference.dtype_name_of(a, self.paths[name]) not in reference.FLOAT_DTYPES:
+            if a.ndim != 4 or reference_common.dtype_name_of(a, self.paths[name]) not in reference_common.FLOAT_DTYPES:
                 raise BadInput(f"{self.paths[name]}: expected a rank-4 float array, got {a.dtype} {list(a.shape)}")
         self.B, self.H, self.S_new, self.D = q.shape
         self.H_kv = kn.shape[1]
@@ -58,7 +58,7 @@ class DecodeData:
             raise BadInput(f"{self.paths['k_new']}: H_kv = {self.H_kv} does not divide H = {self.H}")
         if kc.shape != self.arrays["V_cache"].shape or kc.shape[1] != self.H_kv or kc.shape[3] != self.D:
             raise BadInput(f"{self.paths['K_cache']}: shape {list(kc.shape)} does not match H_kv and D")
-        self.stored_dtype = reference.dtype_name_of(q, self.paths["q"])
+        self.stored_dtype = reference_common.dtype_name_of(q, self.paths["q"])
         lens = self.arrays["cache_seqlens"]
         if lens.dtype.kind != "i" or list(lens.shape) != [self.B]:
             raise BadInput(f"{self.paths['cache_seqlens']}: expected int32/int64 of shape [{self.B}]")
@@ -92,7 +92,7 @@ class DecodeData:
         outer, row = self.cache_index(b, np.arange(c))
         old = cache[outer, g, row] if c else np.zeros((0, self.D), dtype=cache.dtype)
         new = self.arrays[which.lower() + "_new"][b, g]
-        return reference.round_to(np.concatenate([reference.to_f64(old), reference.to_f64(new)]), dtype)
+        return reference_common.round_to(np.concatenate([reference_common.to_f64(old), reference_common.to_f64(new)]), dtype)
 
 
 def compute(p, dtype, scale):
@@ -100,7 +100,7 @@ def compute(p, dtype, scale):
     G = p.H // p.H_kv
     o = np.zeros((p.B, p.H, p.S_new, p.D))
     lse = np.zeros((p.B, p.H, p.S_new))
-    q_all = reference.round_to(reference.to_f64(p.arrays["q"]), dtype)
+    q_all = reference_common.round_to(reference_common.to_f64(p.arrays["q"]), dtype)
     for b in range(p.B):
         c = int(p.lens[b])
         limit = c + np.arange(p.S_new)  # last key each new token sees
@@ -119,8 +119,8 @@ def compute(p, dtype, scale):
 
 def expected_cache(p, which, dtype):
     """The cache after the step (stored shape, rounded to `dtype`): new rows at the cache length."""
-    out = reference.round_to(reference.to_f64(p.arrays[which + "_cache"]), dtype)
-    new = reference.round_to(reference.to_f64(p.arrays[which.lower() + "_new"]), dtype)
+    out = reference_common.round_to(reference_common.to_f64(p.arrays[which + "_cache"]), dtype)
+    new = reference_common.round_to(reference_common.to_f64(p.arrays[which.lower() + "_new"]), dtype)
     for b in range(p.B):
         j = int(p.lens[b]) + np.arange(p.S_new)
         outer, row = p.cache_index(b, j)
@@ -139,7 +139,7 @@ def exact(name, out, want):
 
 
 def check_out_dir(data_dir, out_dir, args):
-    settings, timing_path = reference.settings_from_timing(out_dir)
+    settings, timing_path = reference_common.settings_from_timing(out_dir)
     p = DecodeData(data_dir)
     dtype = args.dtype or settings.dtype or p.stored_dtype
     if dtype == "fp64":
@@ -147,7 +147,7 @@ def check_out_dir(data_dir, out_dir, args):
     scale = args.scale if args.scale is not None else settings.scale
     if scale is None:
         scale = 1.0 / math.sqrt(p.D)
-    out = reference.Directory(out_dir)
+    out = reference_common.Directory(out_dir)
     expected = {"O": (dtype, [p.B, p.H, p.S_new, p.D]), "lse": ("fp32", [p.B, p.H, p.S_new]),
                 "K_cache": (dtype, list(p.arrays["K_cache"].shape)), "V_cache": (dtype, list(p.arrays["V_cache"].shape))}
     outputs = {}
@@ -157,16 +157,16 @@ def check_out_dir(data_dir, out_dir, args):
             continue
         if list(arr.shape) != shape:
             raise BadInput(f"{path}: shape {list(arr.shape)}, expected {shape}")
-        outputs[name] = reference.to_f64(arr)
+        outputs[name] = reference_common.to_f64(arr)
     if "O" not in outputs and "lse" not in outputs:
         raise BadInput(f"{out_dir}: no outputs to check (expected O and lse as .npy or .bin)")
     o, lse = compute(p, dtype, scale)
-    limit = args.max_rel_l2 if args.max_rel_l2 is not None else reference.DEFAULT_MAX_REL_L2[dtype]
+    limit = args.max_rel_l2 if args.max_rel_l2 is not None else reference_common.DEFAULT_MAX_REL_L2[dtype]
     results = []
     if "O" in outputs:
-        results.append(reference.metrics("O", outputs["O"], o, limit))
+        results.append(reference_common.metrics("O", outputs["O"], o, limit))
     if "lse" in outputs:
-        results.append(reference.metrics("lse", outputs["lse"], lse, limit))
+        results.append(reference_common.metrics("lse", outputs["lse"], lse, limit))
     for name in ("K_cache", "V_cache"):
         if name in outputs:
             results.append(exact(name, outputs[name], expected_cache(p, name[0], dtype)))
