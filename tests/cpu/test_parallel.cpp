@@ -19,13 +19,14 @@ TEST(ParallelTasks, EveryTaskRunsExactlyOnce) {
 }
 
 TEST(ParallelTasks, AWorkerExceptionReachesTheCallerAfterEveryThreadJoined) {
-  std::atomic<int> started{0};
-  EXPECT_THROW(fa::parallel_tasks(
-                   10000, 8, [] { return 0; },
-                   [&](int64_t t, int) {
-                     ++started;
-                     if (t == 17) throw std::runtime_error("task 17 failed");
-                   }),
-               std::runtime_error);
-  EXPECT_LT(started.load(), 10000);  // the others stopped early
+  // Whether the other workers stop early is timing (trivial tasks may all be taken before the
+  // exception lands); what must hold is that it reaches the caller and nothing terminates.
+  for (int workers : {1, 8}) {
+    EXPECT_THROW(fa::parallel_tasks(
+                     10000, workers, [] { return 0; },
+                     [&](int64_t t, int) {
+                       if (t == 17) throw std::runtime_error("task 17 failed");
+                     }),
+                 std::runtime_error);
+  }
 }
