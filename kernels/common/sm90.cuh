@@ -165,6 +165,11 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 __device__ __forceinline__ void st_shared_32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
+__device__ __forceinline__ uint32_t ld_shared_32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
 
 }  // namespace sm90
 }  // namespace flashattn
