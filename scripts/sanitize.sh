@@ -9,7 +9,8 @@
 #   SANITIZE_TOOLS="memcheck initcheck" SANITIZE_JOBS=2 scripts/sanitize.sh
 #
 # The matrix (the kernel's dtypes and features decide what applies; D = its smallest declared head
-# dim, or 40 for kernels that take any; "+64" adds D = 64 where the kernel declares it):
+# dim that it runs itself, not through a fallback kernel, or 40 for kernels that take any; "+64"
+# adds D = 64 where the kernel declares it):
 #   shapes   s1: B1 H2 S1    s17: B2 H2 S17    s100: B1 H2 S100    gqa: B1 H4 H_kv2 S33
 #            c40x70 / c70x40: B1 H2, causal, S_q != S_k both ways
 #   memcheck   every shape x every dtype at D, plus s17 and c70x40 at 64    (--leak-check full)
@@ -98,7 +99,8 @@ for e in json.load(sys.stdin):
     if not e["gpu"] or (only and e["kernel"] not in only) or e["mode"] not in ("forward", "backward", "decode"):
         continue
     dtypes = [t for t in e["dtypes"] if t in ("fp32", "fp16", "bf16")]
-    dims = sorted(e["head_dims"])
+    # Head dims a kernel hands to its fallback kernel would sanitize that kernel instead.
+    dims = sorted(d for d in e["head_dims"] if d not in e.get("fallback_head_dims", []))
     dmin = dims[0] if dims else 40
     d64 = 1 if (dims and 64 in dims and dmin != 64) or (not dims and (e["max_head_dim"] == 0 or e["max_head_dim"] >= 64)) else 0
     print(e["kernel"], e["mode"], ",".join(dtypes), d64, dmin, ",".join(e["features"]) or "-")
