@@ -12,12 +12,18 @@
 //   - a persistent grid: one CTA per SM takes (m block, head, batch) tiles in order from a global
 //     counter, so one tile's epilogue (O through shared memory, the TMA store) overlaps the next
 //     tile's Q and K/V copies, and a short sequence pays no CTA launch per tile.
+// Tiles: D128 and D256 take 128 query rows (two consumer warpgroups taking turns; 128 and 80 keys
+// per block), D64 192 rows (three consumer warpgroups, no turns: its softmax, not the tensor
+// cores, is the bound), except under a causal mask or window below 2048 queries and on grids of
+// under four waves, where 128-row tiles with turns measure faster (d64_wide_tiles). Where registers are short (D64 with three warpgroups, D256), P
+// is computed in place in the score registers (hopper_fwd_tile.cuh, TraitsFor).
 //
 // FlashAttention-3 (Shah et al. 2024), Algorithm 1 with its two overlaps (Consumer::run_pipelined):
 //   producer: load Q_i; for each key block j (masked blocks first, then the rest, descending):
 //               wait until K's slot of stage s is free, load K_j; the same for V_j
 //   consumer: wait for Q_i; S_0 = Q_i K_0^T; softmax(S_0) -> P_0
-//             for each later j, on this warpgroup's turn (ping-pong with the other warpgroup):
+//             for each later j, on this warpgroup's turn (ping-pong with the other warpgroup,
+//             where there are two):
 //               issue S_j = Q_i K_j^T and O += P_{j-1} V_{j-1} (two wgmma groups)
 //               wait for S_j only; release K_j; mask S_j on boundary blocks
 //               m_new = max(m_i, rowmax(S_j)); P_j = exp2(S_j*c - m_new*c)
@@ -32,10 +38,11 @@
 // Limits: fp16/bf16, head dims 64, 128, 256 (other head dims, and a scale <= 0, run the mma
 // kernel instead); sm_90 only (the file is built for sm_90a alone); tensors 16-byte aligned with
 // strides a multiple of 8 elements (tensor-map rules).
-// Instantiations: 3 head dims x 2 dtypes = 6 kernels, plus the serial schedule at D128 bf16 for the
-// ablation (FLASHATTN_HOPPER_SCHEDULE=serial).
-// Measured 2026-11-25, H100 SXM (1980 MHz), bf16 B4 H16 S4096 D128: 685 TFLOP/s, 1.02x PyTorch's
-// cuDNN backend and 1.93x its flash backend in the same run (docs/PERF.md has the grid).
+// Instantiations: 4 tile configurations x 2 dtypes = 8 kernels, plus the serial schedule at D128
+// bf16 for the ablation (FLASHATTN_HOPPER_SCHEDULE=serial).
+// Measured 2026-11-26, H100 SXM (1980 MHz), bf16, every row --check'ed, PyTorch's cuDNN and flash
+// backends in the same run: B4 H16 S4096 D128 690 TFLOP/s, 1.01x cuDNN and 1.92x flash;
+// B2 H32 S8192 D64 533 TFLOP/s, 1.07x cuDNN and 1.72x flash (docs/PERF.md has the grid).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -136,7 +143,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) forward_kernel(const __grid_c
   } else {
     sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
     const int cw = wg - 1, ctid = tid - 128 * wg;
-    if (Tr::kPingPong && cw == 1) sm90::named_arrive(3, 256);  // warpgroup 0 takes the first turn
+    if (Tr::kPingPong && cw == 1) sm90::named_arrive(5, 256);  // warpgroup 0 takes the first turn
     int it_base = 0;
     for (int k = 0;; ++k) {
       const int slot = k & 1;
@@ -159,15 +166,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) forward_kernel(const __grid_c
       c.epilogue();
       it_base += ks.n_total;
     }
-    if (Tr::kPingPong && cw == 0) sm90::named_sync(3, 256);  // warpgroup 1's last hand-over
+    if (Tr::kPingPong && cw == 0) sm90::named_sync(5, 256);  // warpgroup 1's last hand-over
     if (Tr::kSeparateO && ctid == 0) sm90::tma_store_wait_read();
   }
 #endif
 }
 
-template <bool kBf16, int kHeadDim>
+template <bool kBf16, class Tr>
 void launch(const FwdParams& p, const LaunchContext& ctx) {
-  using Tr = typename TraitsFor<kHeadDim>::type;
   Args a;
   a.tm_q = sm90::make_tensor_map(p.q, p.dtype, p.q_st, p.B, p.H, p.S_q, p.D, Tr::kBlockM);
   a.tm_k = sm90::make_tensor_map(p.k, p.dtype, p.k_st, p.B, p.H_kv, p.S_k, p.D, Tr::kBlockN);
@@ -194,7 +200,7 @@ void launch(const FwdParams& p, const LaunchContext& ctx) {
     throw RuntimeError(std::string("FLASHATTN_HOPPER_SCHEDULE: expected serial or pipelined, got '") + sched + "'");
   auto kernel = &forward_kernel<Tr, kBf16, false>;
   if (serial) {
-    if constexpr (kBf16 && kHeadDim == 128)
+    if constexpr (kBf16 && Tr::kHeadDim == 128)
       kernel = &forward_kernel<Tr, kBf16, true>;
     else
       throw RuntimeError("FLASHATTN_HOPPER_SCHEDULE=serial is built for bf16 at D=128 only");
@@ -214,12 +220,31 @@ void launch(const FwdParams& p, const LaunchContext& ctx) {
   CHECK_LAUNCH("hopper forward_kernel");
 }
 
+// D64's 192-row tiles pay off on big grids only: under a causal mask or window below 2048 queries
+// (more of each diagonal block masked, more padding), and on grids of fewer than four waves of
+// tiles (B4 H8 S1024: 192 tiles of 192 rows on 132 SMs is 1.45 waves, 0.72x cuDNN against 0.91x
+// with 256 tiles of 128 rows), the 128-row tile with turns is faster.
+// FLASHATTN_HOPPER_D64_ROWS=128 or 192 forces one of the two (the ablation in docs/PERF.md).
+bool d64_wide_tiles(const FwdParams& p, const LaunchContext& ctx) {
+  using Wide = TraitsFor<64>::type;
+  if (const char* rows = std::getenv("FLASHATTN_HOPPER_D64_ROWS")) {
+    if (std::string(rows) == "128" || std::string(rows) == "192") return std::string(rows) == "192";
+    throw RuntimeError(std::string("FLASHATTN_HOPPER_D64_ROWS: expected 128 or 192, got '") + rows + "'");
+  }
+  const bool masked = p.causal || p.window_left >= 0 || p.window_right >= 0;
+  const int64_t tiles = static_cast<int64_t>((p.S_q + Wide::kBlockM - 1) / Wide::kBlockM) * p.H * p.B;
+  const int sms = ctx.sm_count > 0 ? ctx.sm_count : p.num_sms;
+  return !(masked && p.S_q < 2048) && tiles >= 4 * static_cast<int64_t>(std::max(sms, 1));
+}
+
 template <bool kBf16>
 void dispatch_head_dim(const FwdParams& p, const LaunchContext& ctx) {
   switch (p.D) {
-    case 64: return launch<kBf16, 64>(p, ctx);
-    case 128: return launch<kBf16, 128>(p, ctx);
-    case 256: return launch<kBf16, 256>(p, ctx);
+    case 64:
+      if (d64_wide_tiles(p, ctx)) return launch<kBf16, TraitsFor<64>::type>(p, ctx);
+      return launch<kBf16, TraitsD64Narrow>(p, ctx);
+    case 128: return launch<kBf16, TraitsFor<128>::type>(p, ctx);
+    case 256: return launch<kBf16, TraitsFor<256>::type>(p, ctx);
     default: throw RuntimeError("hopper forward: no variant compiled for head dim " + std::to_string(p.D));
   }
 }

@@ -2,7 +2,7 @@
 # wrappers for the N the hopper kernels use, every accumulator register named as inline asm needs.
 #   python3 scripts/gen_wgmma_ops.py [OUT]
 import sys
-Ns_ss = [64, 128]
+Ns_ss = [64, 80, 128]
 Ns_rs = [64, 128, 256]
 out = []
 out.append('''// wgmma.mma_async m64nNk16 with fp32 accumulators, one function per (N, operand source), written

@@ -90,6 +90,50 @@ struct OnlineSoftmax {
     return __any_sync(0xffffffffu, changed);
   }
 
+  // update_stats() for callers that must not write P yet (its registers are still being read by
+  // an in-flight P·V): the probabilities replace the scores in rS, in fp32; pack_probs() rounds
+  // them to T pairs once P's registers are free. Same statistics, same alpha.
+  __device__ __forceinline__ bool update_stats_in_place(float (&rS)[kMTiles][kNTiles][4], float (&alpha)[kMTiles][2],
+                                                        float c) {
+    bool changed = false;
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float m_new = m_i[mi][r];
+#pragma unroll
+        for (int ni = 0; ni < kNTiles; ++ni) m_new = fmaxf(m_new, fmaxf(rS[mi][ni][2 * r], rS[mi][ni][2 * r + 1]));
+        m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 1));
+        m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 2));
+        const float base = m_new == -INFINITY ? 0.f : m_new * c;  // as in update_stats()
+        const bool row_changed = m_new != m_i[mi][r];
+        alpha[mi][r] = row_changed ? exp2_approx(fmaf(m_i[mi][r], c, -base)) : 1.f;
+        changed |= row_changed;
+        m_i[mi][r] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            rS[mi][ni][2 * r + e] = exp2_approx(fmaf(rS[mi][ni][2 * r + e], c, -base));
+            sum += rS[mi][ni][2 * r + e];
+          }
+        l_i[mi][r] = fmaf(l_i[mi][r], alpha[mi][r], sum);
+      }
+    return __any_sync(0xffffffffu, changed);
+  }
+
+  template <class T>
+  __device__ __forceinline__ static void pack_probs(const float (&rS)[kMTiles][kNTiles][4],
+                                                    uint32_t (&rP)[kMTiles][kNTiles][2]) {
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < kNTiles; ++ni)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) rP[mi][ni][r] = pack2<T>(rS[mi][ni][2 * r], rS[mi][ni][2 * r + 1]);
+  }
+
   // O = diag(alpha) O. Once the maxima settle (long rows), most blocks change no max in the whole
   // warp: the vote in update_stats() skips the kMTiles*kDTiles*4 multiplies then, at the cost of
   // one warp-uniform branch.

@@ -22,20 +22,27 @@ namespace hopper_fwd {
 
 // Tile configuration per head dim. wgmma's M is 64 per warpgroup, so each consumer warpgroup owns
 // 64 query rows; the accumulators (O: 64 x D, S: 64 x kBlockN, fp32) live in its 128 threads'
-// registers, D/2 + kBlockN/2 floats each, under the 240 registers setmaxnreg grants.
-template <int kHeadDim_, int kBlockN_, int kStages_, bool kPingPong_>
+// registers, D/2 + kBlockN/2 floats each, under the registers setmaxnreg grants (240 with two
+// consumer warpgroups, 160 with three).
+template <int kHeadDim_, int kBlockN_, int kStages_, bool kPingPong_, int kConsumerWGs_ = 2,
+          bool kPInPlace_ = (kConsumerWGs_ > 2)>
 struct Traits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   static constexpr bool kPingPong = kPingPong_;  // consumer warpgroups take turns issuing products
-  static constexpr int kConsumerWGs = 2;
+  static constexpr int kConsumerWGs = kConsumerWGs_;
   static constexpr int kBlockM = 64 * kConsumerWGs;
   static constexpr int kThreads = 128 * (kConsumerWGs + 1);
-  // __launch_bounds__(384, 1) gives the CTA 168 x 384 = 64512 registers; setmaxnreg only moves
-  // them between warpgroups, so producer + 2 consumers must fit: (24 + 2 x 240) x 128 = 64512.
+  // __launch_bounds__(kThreads, 1) gives the CTA 65536 / kThreads registers per thread (168 at 384
+  // threads, 128 at 512); setmaxnreg only moves them between warpgroups, so producer + consumers
+  // must fit: (24 + 2 x 240) x 128 = 64512, (24 + 3 x 160) x 128 = 64512.
   static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  static constexpr int kConsumerRegs = kConsumerWGs == 2 ? 240 : 160;
+  // P in one register set, computed in place in the score registers and rounded into that set
+  // once the previous P·V has landed; otherwise two sets, the next P written while the previous
+  // P·V still reads the other. Three consumers (160 registers) have no room for two sets.
+  static constexpr bool kPInPlace = kPInPlace_;
 
   static constexpr int kPanels = kHeadDim / 64;  // 64-element (128-byte) swizzle panels per row
   static constexpr int kPanelBytesQ = kBlockM * 128;
@@ -56,17 +63,25 @@ struct Traits {
 
   static_assert(kHeadDim % 64 == 0, "whole 128-byte panels");
   static_assert(!kPingPong || kConsumerWGs == 2, "ping-pong alternates two warpgroups");
+  static_assert(kConsumerWGs == 2 || kConsumerWGs == 3, "register split defined for 2 or 3 consumers");
+  static_assert(kPInPlace || kConsumerWGs == 2, "two P register sets do not fit 160 registers");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "wgmma N and k16 steps over keys");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory a CTA may opt in to on the H100");
 };
 
 template <int kHeadDim> struct TraitsFor;
-// D=64: S 64 + O 32 registers; 16 KB Q + 2 x 2 x 16 KB of K/V = 80 KB shared.
-template <> struct TraitsFor<64> { using type = Traits<64, 128, 2, true>; };
+// D=64: 192-row tiles, three consumer warpgroups (S 64 + O 32 + P 32 registers each) without
+// turns: the softmax, not the tensor cores, bounds D64, and three warpgroups keep more of it in
+// flight than two taking turns; 24 KB Q + 2 x 2 x 16 KB of K/V + 24 KB O = 113 KB shared.
+template <> struct TraitsFor<64> { using type = Traits<64, 128, 2, false, 3>; };
+// D=64 under a causal mask or window below 2048 queries, or on a grid of under four waves:
+// 128-row tiles, two warpgroups taking turns (hopper_fwd.cu, d64_wide_tiles, says why).
+using TraitsD64Narrow = Traits<64, 128, 2, true>;
 // D=128: S 64 + O 64 + P 32 registers; 32 KB + 2 x 2 x 32 KB = 160 KB shared.
 template <> struct TraitsFor<128> { using type = Traits<128, 128, 2, true>; };
-// D=256: O alone is 128 registers, so kBlockN = 64 (S 32); 64 KB + 2 x 2 x 32 KB = 192 KB shared.
-template <> struct TraitsFor<256> { using type = Traits<256, 64, 2, true>; };
+// D=256: O alone is 128 registers; 80 keys per block (S 40 + P 20 registers, P in place) fill the
+// shared memory: 64 KB + 2 x 2 x 40 KB = 224 KB (4 % faster than 64 keys with two P sets).
+template <> struct TraitsFor<256> { using type = Traits<256, 80, 2, true, 2, true>; };
 
 // The tile counter of the persistent grid.
 constexpr size_t kWorkspaceBytes = 16;
@@ -243,17 +258,17 @@ struct Consumer {
     if (lane == 0) sm90::mbar_arrive(bar);
   }
 
-  // Ping-pong between the two consumer warpgroups (named barriers 3 and 4, both warpgroups
-  // counted): a warpgroup issues its products only on its turn, then hands the turn over, so one's
-  // softmax runs while the other's products occupy the tensor cores. The turns run on across
-  // tiles (both warpgroups see the same tiles): warpgroup 1 grants warpgroup 0 the first turn when
-  // the kernel starts, and warpgroup 0 takes one turn more when it ends, which consumes warpgroup
-  // 1's last hand-over (forward_kernel, before and after its tile loop).
+  // Ping-pong between the two consumer warpgroups (named barriers 5 and 6, both warpgroups counted;
+  // 1 to 3 are the epilogue's): a warpgroup issues its products only on its turn, then hands the
+  // turn over, so one's softmax runs while the other's products occupy the tensor cores. The turns
+  // run on across tiles (both warpgroups see the same tiles): warpgroup 1 grants warpgroup 0 the
+  // first turn when the kernel starts, and warpgroup 0 takes one turn more when it ends, which
+  // consumes warpgroup 1's last hand-over (forward_kernel, before and after its tile loop).
   __device__ __forceinline__ void turn_wait() const {
-    if constexpr (Tr::kPingPong) sm90::named_sync(3 + cw, 256);
+    if constexpr (Tr::kPingPong) sm90::named_sync(5 + cw, 256);
   }
   __device__ __forceinline__ void turn_pass() const {
-    if constexpr (Tr::kPingPong) sm90::named_arrive(3 + (cw ^ 1), 256);
+    if constexpr (Tr::kPingPong) sm90::named_arrive(5 + (cw ^ 1), 256);
   }
   // Stage and phase of the tile's key block it in the ring.
   __device__ __forceinline__ int stage(int it) const { return (it_base + it) % Tr::kStages; }
@@ -284,8 +299,16 @@ struct Consumer {
       float alpha[1][2];
       softmax.template update_stats<T>(rS, rP, alpha, a.scale_log2);  // O is still 0: nothing to rescale
     }
-    // P alternates between two register sets (no copy at the end of a step: a copy of the
-    // registers the next P V reads would land inside its wgmma stage and serialise it).
+    if constexpr (Tr::kPInPlace)
+      run_in_place(rP);
+    else
+      run_two_sets(rP);
+    last_pv(rP);
+  }
+
+  // Blocks 1 .. n-1 with P in two register sets, alternating (no copy at the end of a step: a copy
+  // of the registers the next P V reads would land inside its wgmma stage and serialise it).
+  __device__ __forceinline__ void run_two_sets(Probs& rP) {
     Probs rP_b;
     auto step = [&](auto masked_tag, int it, Probs& rP_in, Probs& rP_out) {
       const int s = stage(it), sp = stage(it - 1);
@@ -344,19 +367,56 @@ struct Consumer {
         rP[0][ni][1] = rP_b[0][ni][1];
       }
     }
-    {  // the last block's P V
-      const int last = ks.n_total - 1, s = stage(last);
-      sm90::mbar_wait(sm.full_v(s), phase(last));
+  }
+
+  // The same schedule with one P register set (Tr::kPInPlace): block j's softmax leaves P in S's
+  // registers (fp32) while P_{j-1} V_{j-1} still reads rP, and P is rounded into rP after it lands.
+  __device__ __forceinline__ void run_in_place(Probs& rP) {
+    auto step = [&](auto masked_tag, int it) {
+      const int s = stage(it), sp = stage(it - 1);
+      Scores rS;
+      sm90::mbar_wait(sm.full_k(s), phase(it));
+      sm90::mbar_wait(sm.full_v(sp), phase(it - 1));
       turn_wait();
       sm90::wgmma_fence();
-      issue_o(rP, s);
+      issue_s(rS, s);
+      sm90::wgmma_commit();
+      issue_o(rP, sp);
       sm90::wgmma_commit();
       turn_pass();
+      sm90::wgmma_wait<1>();
+      sm90::fence_regs(rS[0]);
+      release(sm.empty_k(s));
+      release_q_if_last(it);
+      if constexpr (decltype(masked_tag)::value) mask(rS, it);
+      float alpha[1][2];
+      const bool changed = softmax.update_stats_in_place(rS, alpha, a.scale_log2);
       sm90::wgmma_wait<0>();
       sm90::fence_regs(rO[0]);
       sm90::fence_regs(rP[0]);
-      release(sm.empty_v(s));
-    }
+      release(sm.empty_v(sp));
+      softmax.rescale(rO, alpha, changed);
+      softmax.template pack_probs<T>(rS, rP);
+      sm90::fence_regs(rP[0]);  // rounded before the next wgmma stage opens
+    };
+    int it = 1;
+    for (; it < ks.n_masked; ++it) step(std::true_type{}, it);
+    for (; it < ks.n_total; ++it) step(std::false_type{}, it);
+  }
+
+  // The last block's P V.
+  __device__ __forceinline__ void last_pv(Probs& rP) {
+    const int last = ks.n_total - 1, s = stage(last);
+    sm90::mbar_wait(sm.full_v(s), phase(last));
+    turn_wait();
+    sm90::wgmma_fence();
+    issue_o(rP, s);
+    sm90::wgmma_commit();
+    turn_pass();
+    sm90::wgmma_wait<0>();
+    sm90::fence_regs(rO[0]);
+    sm90::fence_regs(rP[0]);
+    release(sm.empty_v(s));
   }
 
   // The step-1 schedule, kept for the ablation (FLASHATTN_HOPPER_SCHEDULE=serial): per block
