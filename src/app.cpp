@@ -149,85 +149,6 @@ struct Planned {
 
 }  // namespace
 
-std::string list_kernels(bool as_json) {
-  const std::vector<const KernelMode*> entries = Registry::entries();
-  auto dtypes_of = [](uint32_t m) {
-    std::vector<std::string> v;
-    for (int t = 0; t < kNumDTypes; ++t)
-      if (m & (1u << t)) v.push_back(dtype_name(static_cast<DType>(t)));
-    return v;
-  };
-  auto features_of = [](uint32_t m) {
-    std::vector<std::string> v;
-    for (int b = 0; b < kNumFeatures; ++b)
-      if (m & (1u << b)) v.push_back(feature_name(1u << b));
-    return v;
-  };
-  auto dims_of = [](const KernelMode& e) {
-    if (!e.head_dims.empty()) {
-      std::string s;
-      for (int d : e.head_dims) s += (s.empty() ? "" : ",") + std::to_string(d);
-      return s;
-    }
-    return e.max_head_dim > 0 ? "1.." + std::to_string(e.max_head_dim) : std::string("any");
-  };
-  if (as_json) {
-    nlohmann::json arr = nlohmann::json::array();
-    for (const KernelMode* e : entries) {
-      arr.push_back({{"kernel", e->kernel},
-                     {"mode", mode_name(e->mode)},
-                     {"summary", e->summary},
-                     {"rung", e->rung},
-                     {"gpu", e->gpu},
-                     {"min_sm", e->min_sm},
-                     {"max_sm", e->max_sm},
-                     {"fallback_head_dims", e->fallback_head_dims},
-                     {"fallback_kernel", e->fallback_kernel},
-                     {"dtypes", dtypes_of(e->dtypes)},
-                     {"head_dims", e->head_dims},
-                     {"max_head_dim", e->max_head_dim},
-                     {"features", features_of(e->features)},
-                     {"uses_atomics", e->uses_atomics},
-                     {"bitwise_reproducible", e->bitwise_reproducible},
-                     {"deterministic_path", e->has_deterministic_path},
-                     {"compiled_archs", e->compiled_archs}});
-    }
-    return arr.dump(2) + "\n";
-  }
-  std::string out = fmt::format("{:<8} {:<8} {:<4} {:<20} {:<16} {:<50} {}\n", "kernel", "mode", "sm", "dtypes",
-                                "head dims", "features", "notes");
-  std::string last;
-  for (const KernelMode* e : entries) {
-    std::string dt, ft;
-    for (const std::string& s : dtypes_of(e->dtypes)) dt += (dt.empty() ? "" : ",") + s;
-    for (const std::string& s : features_of(e->features)) ft += (ft.empty() ? "" : ",") + s;
-    std::string notes = e->gpu ? "" : "host";
-    if (e->max_sm > 0) notes += "sm_" + std::to_string(e->max_sm) + (e->max_sm == e->min_sm ? " only" : " at most");
-    if (!e->fallback_head_dims.empty()) {
-      std::string dims;
-      for (int d : e->fallback_head_dims) dims += (dims.empty() ? "" : ",") + std::to_string(d);
-      notes += std::string(notes.empty() ? "" : "; ") + "D " + dims + " run " + e->fallback_kernel;
-    }
-    if (e->uses_atomics) {
-      notes += std::string(notes.empty() ? "" : "; ") + "atomics";
-      notes += e->bitwise_reproducible ? " (reproducible)"
-                                       : e->has_deterministic_path ? " (--deterministic: reproducible)" : " (not reproducible)";
-    }
-    out += fmt::format("{:<8} {:<8} {:<4} {:<20} {:<16} {:<50} {}\n", e->kernel, mode_name(e->mode),
-                       e->gpu ? std::to_string(e->min_sm) : "-", dt, dims_of(*e), ft, notes);
-  }
-  out += "\n";
-  for (const std::string& n : Registry::kernel_names()) {
-    for (const KernelMode* e : entries) {
-      if (e->kernel == n) {
-        out += fmt::format("  {:<8} {}\n", n, e->summary);
-        break;
-      }
-    }
-  }
-  return out;
-}
-
 TimingOptions timing_options(const AppOptions& opt) {
   if (opt.warmup < 0) throw InputError("--warmup: must be >= 0");
   if (opt.repeat < 1) throw InputError("--repeat: must be >= 1");
@@ -243,42 +164,12 @@ TimingOptions timing_options(const AppOptions& opt) {
   return t;
 }
 
-int run_app(const AppOptions& opt) {
-  protect_input_files();  // every workload: no output may replace a file the run read
-  for (const auto& [path, what] : {std::pair{opt.data, "--data"}, std::pair{opt.out, "--out"},
-                                   std::pair{opt.json, "--json"}, std::pair{opt.sweep, "--sweep"}})
-    check_utf8_path(path, what);
-  if (opt.mode == "decode") return run_decode(opt);
-  // Decode's own options mean nothing to forward/backward runs and sweeps: refused, not ignored.
-  const std::pair<bool, const char*> decode_only[] = {{opt.splits != 0, "--splits"},
-                                                      {opt.steps != 0, "--steps"},
-                                                      {opt.prompt_len != 0, "--prompt-len"},
-                                                      {opt.write_cache, "--write-cache"}};
-  for (const auto& [given, name] : decode_only)
-    if (given) throw InputError(std::string(name) + ": only with --mode decode");
-  if (!opt.sweep.empty()) return run_sweep(opt);
-  if (opt.dry_run) throw InputError("--dry-run: only with --sweep");
-  if (opt.ceilings && opt.data.empty() && opt.compute.empty()) return run_ceilings(opt);
-  Console con;
-  con.quiet = opt.quiet;
-  if (opt.json == "-") con.human = stderr;
-  const std::string started = iso8601_now();
+namespace {
 
-  // ---- options --------------------------------------------------------------------------------
-  if (opt.data.empty()) throw InputError("--data: a data directory is required (see --help)");
-  if (opt.compute.empty()) throw InputError("--compute: name at least one kernel (known: " + known_kernels() + ")");
-  const std::vector<Mode> modes = parse_modes(opt.mode);
-  int window_left = -1, window_right = -1;
-  parse_window(opt.window, &window_left, &window_right);
-  if (opt.warmup < 0) throw InputError("--warmup: must be >= 0");
-  if (opt.repeat < 1) throw InputError("--repeat: must be >= 1");
-  if (opt.threads < 0) throw InputError("--threads: must be >= 0");
-  if (opt.scale && !(std::isfinite(*opt.scale) && *opt.scale > 0)) throw InputError("--scale: must be a positive finite number");
-  if (!(opt.min_time_ms >= 0)) throw InputError("--min-time: must be >= 0");
-  if (opt.device < 0) throw InputError("--device: must be >= 0");
-  if (opt.no_write && !opt.out.empty()) throw InputError("--out: conflicts with --no-write (which writes no outputs)");
+// ---- the forward/backward workload, phase by phase (run_app below strings them together) -------
 
-  const bool all = opt.compute.size() == 1 && opt.compute[0] == "all";
+// --compute: the kernels named (registry order for `all`), each once; --baseline among them.
+std::vector<std::string> select_kernels(const AppOptions& opt, bool all) {
   std::vector<std::string> kernels;
   if (all) {
     kernels = Registry::kernel_names();
@@ -293,6 +184,258 @@ int run_app(const AppOptions& opt) {
   }
   if (!opt.baseline.empty() && std::find(kernels.begin(), kernels.end(), opt.baseline) == kernels.end())
     throw InputError("--baseline: '" + opt.baseline + "' is not one of the kernels run (--compute)");
+  return kernels;
+}
+
+// Compute dtype: --dtype, else the input's; fp64 inputs go to fp32 unless every kernel takes fp64.
+DType choose_dtype(const AppOptions& opt, const Dataset& ds, const std::vector<std::string>& kernels,
+                   const std::vector<Mode>& modes, std::vector<std::string>* notes) {
+  DType dtype = ds.dtype;
+  if (!opt.dtype.empty()) {
+    if (!parse_dtype(opt.dtype, &dtype) || !dtype_is_float(dtype))
+      throw InputError("--dtype: '" + opt.dtype + "' is not one of fp32, fp16, bf16, fp64");
+  } else if (ds.dtype == DType::F64) {
+    bool all_f64 = true;
+    for (const std::string& k : kernels)
+      for (Mode m : modes)
+        if (const KernelMode* e = Registry::find(k, m)) all_f64 = all_f64 && (e->dtypes & dtype_bit(DType::F64));
+    if (!all_f64) dtype = DType::F32;
+  }
+  if (dtype != ds.dtype)
+    notes->push_back(fmt::format("inputs are {}; computing in {} (converted once, round to nearest)",
+                                 dtype_name(ds.dtype), dtype_name(dtype)));
+  return dtype;
+}
+
+// The CUDA device the run uses: -1 when no kernel needs one or none is present (no_device: why).
+struct DeviceChoice {
+  bool wants_gpu = false;
+  int device = -1;
+  int sm = 0;
+  std::string no_device;
+};
+
+DeviceChoice pick_device(const AppOptions& opt, const std::vector<std::string>& kernels,
+                         const std::vector<Mode>& modes) {
+  DeviceChoice d;
+  for (const std::string& k : kernels)
+    for (Mode m : modes)
+      if (const KernelMode* e = Registry::find(k, m)) d.wants_gpu = d.wants_gpu || e->gpu;
+  if (!d.wants_gpu) return d;
+  const int n = cuda_device_count(&d.no_device);
+  if (n > 0) {
+    if (opt.device < 0 || opt.device >= n)
+      throw InputError(
+          fmt::format("--device: {} is out of range ({} CUDA device{} present)", opt.device, n, n == 1 ? "" : "s"));
+    d.device = opt.device;
+    d.sm = query_device(d.device).sm();
+  }
+  return d;
+}
+
+// Which (kernel, mode) pairs run. Named explicitly, a pair that cannot run is an error; under
+// `all` it is recorded as skipped with the reason.
+std::vector<Planned> make_plan(const std::vector<std::string>& kernels, const std::vector<Mode>& modes, bool all,
+                               const Problem& prob, const DeviceChoice& dev) {
+  std::vector<Planned> plan;
+  for (const std::string& k : kernels) {
+    for (Mode m : modes) {
+      const KernelMode* e = Registry::find(k, m);
+      if (!e) {
+        if (!all) throw InputError("kernel '" + k + "' has no " + mode_name(m) + " pass (it has: " + modes_of(k) + ")");
+        continue;
+      }
+      Planned p;
+      p.entry = e;
+      // Without a GPU, judge the problem as if the GPU were new enough: an unsupported dtype, head
+      // dim or feature is the real error there, and no GPU would fix it.
+      std::string why = why_unsupported(*e, prob, dev.device >= 0 ? dev.sm : std::max(e->min_sm, 1));
+      if (why.empty() && e->gpu && dev.device < 0) {
+        if (!all)
+          throw InputError(
+              fmt::format("kernel '{}' needs a GPU: {} (the cpu kernel still runs: --compute cpu)", k, dev.no_device));
+        p.skip_reason = "no GPU: " + dev.no_device;
+      } else if (!why.empty()) {
+        if (!all) throw InputError(why);
+        p.skip_reason = why;
+      }
+      if (all && p.skip_reason.empty() && !e->gpu && forward_flops(prob, nullptr) > kCpuAllFlopLimit)
+        p.skip_reason = "skipped by 'all' at this size (name it explicitly to run the cpu kernel)";
+      plan.push_back(p);
+    }
+  }
+  return plan;
+}
+
+// Q, K, V (and dO, generated when a backward pass needs one and the data has none) in the
+// compute dtype.
+RunInputs make_inputs(const AppOptions& opt, const Dataset& ds, const std::vector<Mode>& modes, const Problem& prob,
+                      std::vector<std::string>* notes, bool* generated_dout) {
+  const bool needs_backward = std::find(modes.begin(), modes.end(), Mode::Backward) != modes.end();
+  RunInputs in;
+  in.problem = prob;
+  in.q = convert(ds.q, prob.dtype);
+  in.k = convert(ds.k, prob.dtype);
+  in.v = convert(ds.v, prob.dtype);
+  check_conversion_finite(ds, "Q", ds.q, in.q, opt.allow_nonfinite, notes);
+  check_conversion_finite(ds, "K", ds.k, in.k, opt.allow_nonfinite, notes);
+  check_conversion_finite(ds, "V", ds.v, in.v, opt.allow_nonfinite, notes);
+  *generated_dout = false;
+  if (ds.dout) {
+    in.dout = convert(*ds.dout, prob.dtype);
+    if (needs_backward) check_conversion_finite(ds, "dO", *ds.dout, *in.dout, opt.allow_nonfinite, notes);
+  } else if (needs_backward) {
+    in.dout = generate_dout(ds.q.shape, prob.dtype, opt.seed);
+    *generated_dout = true;
+    notes->push_back(fmt::format("no dO in {}: generated N(0,1) from --seed {} (written to the output directory)",
+                                 opt.data, opt.seed));
+  }
+  in.seqlens_k = ds.seqlens_k;
+  in.mask = ds.mask;
+  return in;
+}
+
+// Runs the plan in order: skipped pairs are recorded; under `all`, an input error of one kernel
+// skips that kernel; a runtime error fails its run and the rest go on.
+struct Outcome {
+  std::vector<RunRecord> records;
+  bool any_failed = false, any_check_failed = false;
+};
+
+Outcome run_plan(const std::vector<Planned>& plan, Session& session, bool all) {
+  Outcome out;
+  auto not_run = [](const KernelMode& e, const char* status, const std::string& reason) {
+    RunRecord r;
+    r.kernel = e.kernel;
+    r.mode = e.mode;
+    r.gpu = e.gpu;
+    r.status = status;
+    r.reason = reason;
+    return r;
+  };
+  for (const Planned& p : plan) {
+    if (!p.skip_reason.empty()) {
+      out.records.push_back(not_run(*p.entry, "skipped", p.skip_reason));
+      continue;
+    }
+    try {
+      RunRecord r = session.run(*p.entry);
+      if (r.check.performed && !r.check.passed) out.any_check_failed = true;
+      out.records.push_back(std::move(r));
+    } catch (const InputError& e) {
+      if (!all) throw;
+      out.records.push_back(not_run(*p.entry, "skipped", e.what()));
+    } catch (const RuntimeError& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      out.records.push_back(not_run(*p.entry, "failed", e.what()));
+      out.any_failed = true;
+    }
+  }
+  return out;
+}
+
+std::string session_text(const ReportHeader& hdr, const std::vector<RunRecord>& records) {
+  return session_json(hdr, records).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+// Each kernel that ran writes its outputs and its timing.json into its own directory, all of
+// them or none.
+template <class OutDir>
+void write_outputs(const std::vector<RunRecord>& records, const Dataset& ds, const Session& session,
+                   const ReportHeader& hdr, bool generated_dout, const OutDir& out_dir_for, const Console& con) {
+  std::vector<std::string> ran;
+  for (const RunRecord& r : records)
+    if (r.status == "ok" && std::find(ran.begin(), ran.end(), r.kernel) == ran.end()) ran.push_back(r.kernel);
+  for (const std::string& k : ran) {
+    const std::string dir = out_dir_for(k);
+    OutputWriter w(dir, ds.format, ds.layout, ds.input_paths);
+    std::vector<RunRecord> mine;
+    for (const RunRecord& r : records) {
+      if (r.kernel != k) continue;
+      mine.push_back(r);
+      if (r.status != "ok") continue;
+      const KernelOutputs& o = r.outputs;
+      if (o.o) w.add("O", *o.o);
+      if (o.lse) w.add("lse", *o.lse);
+      if (o.dq) w.add("dQ", *o.dq);
+      if (o.dk) w.add("dK", *o.dk);
+      if (o.dv) w.add("dV", *o.dv);
+    }
+    if (generated_dout) w.add("dO", *session.inputs().dout);
+    w.add_file("timing.json", session_text(hdr, mine));
+    w.finish();  // all of the kernel's files appear together, or none (disk full, an error)
+    con.note("wrote " + dir);
+  }
+}
+
+// The table (speedups against --baseline, else cublas, else the first GPU kernel that ran), the
+// check details, and the session JSON.
+void report(const AppOptions& opt, const ReportHeader& hdr, const std::vector<RunRecord>& records, const Console& con) {
+  std::string baseline = opt.baseline;
+  if (baseline.empty()) {
+    for (const RunRecord& r : records)
+      if (r.kernel == "cublas" && r.status == "ok") baseline = "cublas";
+    for (const RunRecord& r : records)
+      if (baseline.empty() && r.gpu && r.status == "ok") baseline = r.kernel;
+  }
+  if (!opt.quiet || opt.json != "-") {
+    con.print(render_table(records, baseline, opt.check));
+    if (!baseline.empty() && records.size() > 1)
+      con.print(fmt::format("speedup: median time of '{}' / median time, same mode\n", baseline));
+    for (const RunRecord& r : records) {
+      if (r.check.performed && (!opt.quiet || !r.check.passed)) con.print(render_check(r));
+    }
+  }
+  if (!opt.json.empty()) {
+    const std::string text = session_text(hdr, records);
+    if (opt.json == "-") {
+      std::fputs(text.c_str(), stdout);
+    } else {
+      write_file_atomic(opt.json, text.data(), text.size());
+    }
+  }
+}
+
+std::string run_title(const Problem& prob, const ReportHeader& hdr) {
+  const Dims& d = prob.dims;
+  std::string title = fmt::format("B={} H={} H_kv={} S_q={} S_k={} D={} {} {}", d.B, d.H, d.H_kv, d.S_q, d.S_k, d.D,
+                                  dtype_name(prob.dtype), layout_name(prob.layout));
+  if (prob.causal) title += " causal";
+  if (prob.window_left >= 0 || prob.window_right >= 0)
+    title += fmt::format(" window=({},{})", prob.window_left, prob.window_right);
+  if (prob.has_padding) title += " seqlens_k";
+  if (prob.has_mask) title += " mask";
+  title += hdr.device ? fmt::format("  on {} (sm_{})", hdr.device->name, hdr.device->sm()) : "  (no GPU)";
+  return title + "\n";
+}
+
+// The numeric options, checked before anything is read.
+void check_run_options(const AppOptions& opt) {
+  if (opt.warmup < 0) throw InputError("--warmup: must be >= 0");
+  if (opt.repeat < 1) throw InputError("--repeat: must be >= 1");
+  if (opt.threads < 0) throw InputError("--threads: must be >= 0");
+  if (opt.scale && !(std::isfinite(*opt.scale) && *opt.scale > 0))
+    throw InputError("--scale: must be a positive finite number");
+  if (!(opt.min_time_ms >= 0)) throw InputError("--min-time: must be >= 0");
+  if (opt.device < 0) throw InputError("--device: must be >= 0");
+  if (opt.no_write && !opt.out.empty()) throw InputError("--out: conflicts with --no-write (which writes no outputs)");
+}
+
+// The forward/backward workload: options, data, plan, run, outputs, report.
+int run_forward_backward(const AppOptions& opt) {
+  Console con;
+  con.quiet = opt.quiet;
+  if (opt.json == "-") con.human = stderr;
+  const std::string started = iso8601_now();
+
+  if (opt.data.empty()) throw InputError("--data: a data directory is required (see --help)");
+  if (opt.compute.empty()) throw InputError("--compute: name at least one kernel (known: " + known_kernels() + ")");
+  const std::vector<Mode> modes = parse_modes(opt.mode);
+  int window_left = -1, window_right = -1;
+  parse_window(opt.window, &window_left, &window_right);
+  check_run_options(opt);
+  const bool all = opt.compute.size() == 1 && opt.compute[0] == "all";
+  const std::vector<std::string> kernels = select_kernels(opt, all);
 
   // ---- data -----------------------------------------------------------------------------------
   LoadOptions lo;
@@ -317,25 +460,9 @@ int run_app(const AppOptions& opt) {
   }
   check_inputs_finite(ds, modes, opt.allow_nonfinite, &notes);
 
-  // Compute dtype: --dtype, else the input's; fp64 inputs go to fp32 unless every kernel takes fp64.
-  DType dtype = ds.dtype;
-  if (!opt.dtype.empty()) {
-    if (!parse_dtype(opt.dtype, &dtype) || !dtype_is_float(dtype))
-      throw InputError("--dtype: '" + opt.dtype + "' is not one of fp32, fp16, bf16, fp64");
-  } else if (ds.dtype == DType::F64) {
-    bool all_f64 = true;
-    for (const std::string& k : kernels)
-      for (Mode m : modes)
-        if (const KernelMode* e = Registry::find(k, m)) all_f64 = all_f64 && (e->dtypes & dtype_bit(DType::F64));
-    if (!all_f64) dtype = DType::F32;
-  }
-  if (dtype != ds.dtype)
-    notes.push_back(fmt::format("inputs are {}; computing in {} (converted once, round to nearest)",
-                                dtype_name(ds.dtype), dtype_name(dtype)));
-
   Problem prob;
   prob.dims = ds.dims;
-  prob.dtype = dtype;
+  prob.dtype = choose_dtype(opt, ds, kernels, modes, &notes);
   prob.layout = ds.layout;
   prob.scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(double(ds.dims.D));
   prob.causal = opt.causal;
@@ -344,77 +471,13 @@ int run_app(const AppOptions& opt) {
   prob.has_padding = ds.seqlens_k.has_value();
   prob.has_mask = ds.mask.has_value();
 
-  // ---- device ---------------------------------------------------------------------------------
-  bool wants_gpu = false;
-  for (const std::string& k : kernels)
-    for (Mode m : modes)
-      if (const KernelMode* e = Registry::find(k, m)) wants_gpu = wants_gpu || e->gpu;
-  std::string no_device;
-  int device = -1;
-  if (wants_gpu) {
-    const int n = cuda_device_count(&no_device);
-    if (n > 0) {
-      if (opt.device < 0 || opt.device >= n)
-        throw InputError(fmt::format("--device: {} is out of range ({} CUDA device{} present)", opt.device, n,
-                                     n == 1 ? "" : "s"));
-      device = opt.device;
-    }
-  }
-  int sm = 0;
-  if (device >= 0) sm = query_device(device).sm();
-
-  // ---- plan: which (kernel, mode) pairs run -----------------------------------------------------
-  std::vector<Planned> plan;
-  for (const std::string& k : kernels) {
-    for (Mode m : modes) {
-      const KernelMode* e = Registry::find(k, m);
-      if (!e) {
-        if (!all) throw InputError("kernel '" + k + "' has no " + mode_name(m) + " pass (it has: " + modes_of(k) + ")");
-        continue;
-      }
-      Planned p;
-      p.entry = e;
-      // Without a GPU, judge the problem as if the GPU were new enough: an unsupported dtype, head
-      // dim or feature is the real error there, and no GPU would fix it.
-      std::string why = why_unsupported(*e, prob, device >= 0 ? sm : std::max(e->min_sm, 1));
-      if (why.empty() && e->gpu && device < 0) {
-        if (!all) throw InputError(fmt::format("kernel '{}' needs a GPU: {} (the cpu kernel still runs: --compute cpu)", k, no_device));
-        p.skip_reason = "no GPU: " + no_device;
-      } else if (!why.empty()) {
-        if (!all) throw InputError(why);
-        p.skip_reason = why;
-      }
-      if (all && p.skip_reason.empty() && !e->gpu && forward_flops(prob, nullptr) > kCpuAllFlopLimit)
-        p.skip_reason = "skipped by 'all' at this size (name it explicitly to run the cpu kernel)";
-      plan.push_back(p);
-    }
-  }
-
-  // ---- inputs in the compute dtype ------------------------------------------------------------
-  const bool needs_backward = std::find(modes.begin(), modes.end(), Mode::Backward) != modes.end();
-  RunInputs in;
-  in.problem = prob;
-  in.q = convert(ds.q, dtype);
-  in.k = convert(ds.k, dtype);
-  in.v = convert(ds.v, dtype);
-  check_conversion_finite(ds, "Q", ds.q, in.q, opt.allow_nonfinite, &notes);
-  check_conversion_finite(ds, "K", ds.k, in.k, opt.allow_nonfinite, &notes);
-  check_conversion_finite(ds, "V", ds.v, in.v, opt.allow_nonfinite, &notes);
+  const DeviceChoice dev = pick_device(opt, kernels, modes);
+  const std::vector<Planned> plan = make_plan(kernels, modes, all, prob, dev);
   bool generated_dout = false;
-  if (ds.dout) {
-    in.dout = convert(*ds.dout, dtype);
-    if (needs_backward) check_conversion_finite(ds, "dO", *ds.dout, *in.dout, opt.allow_nonfinite, &notes);
-  } else if (needs_backward) {
-    in.dout = generate_dout(ds.q.shape, dtype, opt.seed);
-    generated_dout = true;
-    notes.push_back(
-        fmt::format("no dO in {}: generated N(0,1) from --seed {} (written to the output directory)", opt.data, opt.seed));
-  }
-  in.seqlens_k = ds.seqlens_k;
-  in.mask = ds.mask;
+  RunInputs in = make_inputs(opt, ds, modes, prob, &notes, &generated_dout);
 
   SessionOptions so;
-  so.device = device;
+  so.device = dev.device;
   so.timing = timing_options(opt);
   so.cpu_timing.warmup = std::min(opt.warmup, 1);
   so.cpu_timing.repeat = std::min(opt.repeat, 3);
@@ -429,7 +492,7 @@ int run_app(const AppOptions& opt) {
   hdr.command_line = opt.command_line;
   hdr.started_at = started;
   hdr.device = session.device();
-  hdr.no_device_reason = device < 0 ? (wants_gpu ? no_device : "not used (host kernels only)") : "";
+  hdr.no_device_reason = dev.device < 0 ? (dev.wants_gpu ? dev.no_device : "not used (host kernels only)") : "";
   hdr.data_dir = opt.data;
   hdr.data_format = ds.source;
   hdr.input_dtype = dtype_name(ds.dtype);
@@ -439,119 +502,46 @@ int run_app(const AppOptions& opt) {
   hdr.generated_dout = generated_dout;
   hdr.timing = so.timing;
   hdr.cpu_threads = opt.threads;
-  if (hdr.device) hdr.sm_clock_start_mhz = nvml_sm_clock_mhz(*hdr.device);
   if (hdr.device) {
+    hdr.sm_clock_start_mhz = nvml_sm_clock_mhz(*hdr.device);
     hdr.other_processes = nvml_other_processes(*hdr.device);
     if (hdr.other_processes > 0) {
       hdr.warnings.push_back(fmt::format("{} other process(es) are using GPU {}: timings may be disturbed",
-                                         hdr.other_processes, device));
+                                         hdr.other_processes, dev.device));
       con.note(hdr.warnings.back());
     }
   }
-  if (opt.ceilings && hdr.device) hdr.ceilings = ceilings_json(measure_ceilings(device, so.timing));
+  if (opt.ceilings && hdr.device) hdr.ceilings = ceilings_json(measure_ceilings(dev.device, so.timing));
+  if (!opt.quiet) con.print(run_title(prob, hdr));
 
-  const Dims& d = prob.dims;
-  if (!opt.quiet) {
-    std::string title = fmt::format("B={} H={} H_kv={} S_q={} S_k={} D={} {} {}", d.B, d.H, d.H_kv, d.S_q, d.S_k,
-                                    d.D, dtype_name(dtype), layout_name(prob.layout));
-    if (prob.causal) title += " causal";
-    if (window_left >= 0 || window_right >= 0) title += fmt::format(" window=({},{})", window_left, window_right);
-    if (prob.has_padding) title += " seqlens_k";
-    if (prob.has_mask) title += " mask";
-    title += hdr.device ? fmt::format("  on {} (sm_{})", hdr.device->name, hdr.device->sm()) : "  (no GPU)";
-    con.print(title + "\n");
-  }
-
-  // ---- run ------------------------------------------------------------------------------------
-  std::vector<RunRecord> records;
-  bool any_failed = false, any_check_failed = false;
-  for (const Planned& p : plan) {
-    if (!p.skip_reason.empty()) {
-      RunRecord r;
-      r.kernel = p.entry->kernel;
-      r.mode = p.entry->mode;
-      r.gpu = p.entry->gpu;
-      r.status = "skipped";
-      r.reason = p.skip_reason;
-      records.push_back(std::move(r));
-      continue;
-    }
-    try {
-      RunRecord r = session.run(*p.entry);
-      if (r.check.performed && !r.check.passed) any_check_failed = true;
-      records.push_back(std::move(r));
-    } catch (const InputError& e) {
-      if (!all) throw;
-      RunRecord r;
-      r.kernel = p.entry->kernel, r.mode = p.entry->mode, r.gpu = p.entry->gpu;
-      r.status = "skipped";
-      r.reason = e.what();
-      records.push_back(std::move(r));
-    } catch (const RuntimeError& e) {
-      std::fprintf(stderr, "error: %s\n", e.what());
-      RunRecord r;
-      r.kernel = p.entry->kernel, r.mode = p.entry->mode, r.gpu = p.entry->gpu;
-      r.status = "failed";
-      r.reason = e.what();
-      records.push_back(std::move(r));
-      any_failed = true;
-    }
-  }
+  const Outcome run = run_plan(plan, session, all);
   if (hdr.device) hdr.sm_clock_end_mhz = nvml_sm_clock_mhz(*hdr.device);
-
-  // ---- outputs --------------------------------------------------------------------------------
-  if (!opt.no_write) {
-    std::vector<std::string> ran;
-    for (const RunRecord& r : records)
-      if (r.status == "ok" && std::find(ran.begin(), ran.end(), r.kernel) == ran.end()) ran.push_back(r.kernel);
-    for (const std::string& k : ran) {
-      const std::string dir = out_dir_for(k);
-      OutputWriter w(dir, ds.format, ds.layout, ds.input_paths);
-      std::vector<RunRecord> mine;
-      for (const RunRecord& r : records) {
-        if (r.kernel != k) continue;
-        mine.push_back(r);
-        if (r.status != "ok") continue;
-        const KernelOutputs& o = r.outputs;
-        if (o.o) w.add("O", *o.o);
-        if (o.lse) w.add("lse", *o.lse);
-        if (o.dq) w.add("dQ", *o.dq);
-        if (o.dk) w.add("dK", *o.dk);
-        if (o.dv) w.add("dV", *o.dv);
-      }
-      if (generated_dout) w.add("dO", *session.inputs().dout);
-      w.add_file("timing.json", session_json(hdr, mine).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-      w.finish();  // all of the kernel's files appear together, or none (disk full, an error)
-      if (!opt.quiet) con.note("wrote " + dir);
-    }
-  }
-
-  // ---- report ---------------------------------------------------------------------------------
-  std::string baseline = opt.baseline;
-  if (baseline.empty()) {
-    for (const RunRecord& r : records)
-      if (r.kernel == "cublas" && r.status == "ok") baseline = "cublas";
-    for (const RunRecord& r : records)
-      if (baseline.empty() && r.gpu && r.status == "ok") baseline = r.kernel;
-  }
-  if (!opt.quiet || opt.json != "-") {
-    con.print(render_table(records, baseline, opt.check));
-    if (!baseline.empty() && records.size() > 1) con.print(fmt::format("speedup: median time of '{}' / median time, same mode\n", baseline));
-    for (const RunRecord& r : records) {
-      if (r.check.performed && (!opt.quiet || !r.check.passed)) con.print(render_check(r));
-    }
-  }
-  if (!opt.json.empty()) {
-    const std::string text = session_json(hdr, records).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-    if (opt.json == "-") {
-      std::fputs(text.c_str(), stdout);
-    } else {
-      write_file_atomic(opt.json, text.data(), text.size());
-    }
-  }
-  if (any_failed) return kExitRuntime;
-  if (any_check_failed) return kExitValidation;
+  if (!opt.no_write) write_outputs(run.records, ds, session, hdr, generated_dout, out_dir_for, con);
+  report(opt, hdr, run.records, con);
+  if (run.any_failed) return kExitRuntime;
+  if (run.any_check_failed) return kExitValidation;
   return kExitOk;
+}
+
+}  // namespace
+
+int run_app(const AppOptions& opt) {
+  protect_input_files();  // every workload: no output may replace a file the run read
+  for (const auto& [path, what] : {std::pair{opt.data, "--data"}, std::pair{opt.out, "--out"},
+                                   std::pair{opt.json, "--json"}, std::pair{opt.sweep, "--sweep"}})
+    check_utf8_path(path, what);
+  if (opt.mode == "decode") return run_decode(opt);
+  // Decode's own options mean nothing to forward/backward runs and sweeps: refused, not ignored.
+  const std::pair<bool, const char*> decode_only[] = {{opt.splits != 0, "--splits"},
+                                                      {opt.steps != 0, "--steps"},
+                                                      {opt.prompt_len != 0, "--prompt-len"},
+                                                      {opt.write_cache, "--write-cache"}};
+  for (const auto& [given, name] : decode_only)
+    if (given) throw InputError(std::string(name) + ": only with --mode decode");
+  if (!opt.sweep.empty()) return run_sweep(opt);
+  if (opt.dry_run) throw InputError("--dry-run: only with --sweep");
+  if (opt.ceilings && opt.data.empty() && opt.compute.empty()) return run_ceilings(opt);
+  return run_forward_backward(opt);
 }
 
 }  // namespace flashattn
