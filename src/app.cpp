@@ -18,6 +18,7 @@
 #include "decode_app.h"
 #include "flashattn/error.h"
 #include "flashattn/registry.h"
+#include "harness.h"
 #include "nonfinite.h"
 #include "npy.h"
 #include "random.h"
@@ -35,18 +36,6 @@ namespace {
 // The cpu kernel is skipped by `--compute all` above this many forward FLOPs (it would take
 // minutes); naming it explicitly always runs it.
 constexpr double kCpuAllFlopLimit = 2e11;
-
-struct Console {
-  bool quiet = false;
-  FILE* human = stdout;  // stderr when the JSON goes to stdout
-  void note(const std::string& s) const {
-    if (!quiet) std::fprintf(stderr, "note: %s\n", s.c_str());
-  }
-  void print(const std::string& s) const {
-    std::fputs(s.c_str(), human);
-    std::fflush(human);
-  }
-};
 
 std::vector<Mode> parse_modes(const std::string& m) {
   if (m == "forward") return {Mode::Forward};
@@ -207,30 +196,13 @@ DType choose_dtype(const AppOptions& opt, const Dataset& ds, const std::vector<s
   return dtype;
 }
 
-// The CUDA device the run uses: -1 when no kernel needs one or none is present (no_device: why).
-struct DeviceChoice {
-  bool wants_gpu = false;
-  int device = -1;
-  int sm = 0;
-  std::string no_device;
-};
-
-DeviceChoice pick_device(const AppOptions& opt, const std::vector<std::string>& kernels,
-                         const std::vector<Mode>& modes) {
-  DeviceChoice d;
+// Whether any (kernel, mode) of the run is a GPU kernel (then a device is looked for).
+bool wants_gpu(const std::vector<std::string>& kernels, const std::vector<Mode>& modes) {
+  bool gpu = false;
   for (const std::string& k : kernels)
     for (Mode m : modes)
-      if (const KernelMode* e = Registry::find(k, m)) d.wants_gpu = d.wants_gpu || e->gpu;
-  if (!d.wants_gpu) return d;
-  const int n = cuda_device_count(&d.no_device);
-  if (n > 0) {
-    if (opt.device < 0 || opt.device >= n)
-      throw InputError(
-          fmt::format("--device: {} is out of range ({} CUDA device{} present)", opt.device, n, n == 1 ? "" : "s"));
-    d.device = opt.device;
-    d.sm = query_device(d.device).sm();
-  }
-  return d;
+      if (const KernelMode* e = Registry::find(k, m)) gpu = gpu || e->gpu;
+  return gpu;
 }
 
 // Which (kernel, mode) pairs run. Named explicitly, a pair that cannot run is an error; under
@@ -304,18 +276,9 @@ struct Outcome {
 
 Outcome run_plan(const std::vector<Planned>& plan, Session& session, bool all) {
   Outcome out;
-  auto not_run = [](const KernelMode& e, const char* status, const std::string& reason) {
-    RunRecord r;
-    r.kernel = e.kernel;
-    r.mode = e.mode;
-    r.gpu = e.gpu;
-    r.status = status;
-    r.reason = reason;
-    return r;
-  };
   for (const Planned& p : plan) {
     if (!p.skip_reason.empty()) {
-      out.records.push_back(not_run(*p.entry, "skipped", p.skip_reason));
+      out.records.push_back(not_run(*p.entry, p.entry->mode, "skipped", p.skip_reason));
       continue;
     }
     try {
@@ -324,18 +287,14 @@ Outcome run_plan(const std::vector<Planned>& plan, Session& session, bool all) {
       out.records.push_back(std::move(r));
     } catch (const InputError& e) {
       if (!all) throw;
-      out.records.push_back(not_run(*p.entry, "skipped", e.what()));
+      out.records.push_back(not_run(*p.entry, p.entry->mode, "skipped", e.what()));
     } catch (const RuntimeError& e) {
       std::fprintf(stderr, "error: %s\n", e.what());
-      out.records.push_back(not_run(*p.entry, "failed", e.what()));
+      out.records.push_back(not_run(*p.entry, p.entry->mode, "failed", e.what()));
       out.any_failed = true;
     }
   }
   return out;
-}
-
-std::string session_text(const ReportHeader& hdr, const std::vector<RunRecord>& records) {
-  return session_json(hdr, records).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 // Each kernel that ran writes its outputs and its timing.json into its own directory, all of
@@ -362,7 +321,7 @@ void write_outputs(const std::vector<RunRecord>& records, const Dataset& ds, con
       if (o.dv) w.add("dV", *o.dv);
     }
     if (generated_dout) w.add("dO", *session.inputs().dout);
-    w.add_file("timing.json", session_text(hdr, mine));
+    w.add_file("timing.json", json_text(session_json(hdr, mine)));
     w.finish();  // all of the kernel's files appear together, or none (disk full, an error)
     con.note("wrote " + dir);
   }
@@ -386,14 +345,7 @@ void report(const AppOptions& opt, const ReportHeader& hdr, const std::vector<Ru
       if (r.check.performed && (!opt.quiet || !r.check.passed)) con.print(render_check(r));
     }
   }
-  if (!opt.json.empty()) {
-    const std::string text = session_text(hdr, records);
-    if (opt.json == "-") {
-      std::fputs(text.c_str(), stdout);
-    } else {
-      write_file_atomic(opt.json, text.data(), text.size());
-    }
-  }
+  emit_json(opt.json, session_json(hdr, records));
 }
 
 std::string run_title(const Problem& prob, const ReportHeader& hdr) {
@@ -423,9 +375,7 @@ void check_run_options(const AppOptions& opt) {
 
 // The forward/backward workload: options, data, plan, run, outputs, report.
 int run_forward_backward(const AppOptions& opt) {
-  Console con;
-  con.quiet = opt.quiet;
-  if (opt.json == "-") con.human = stderr;
+  const Console con(opt.quiet, opt.json);
   const std::string started = iso8601_now();
 
   if (opt.data.empty()) throw InputError("--data: a data directory is required (see --help)");
@@ -471,7 +421,7 @@ int run_forward_backward(const AppOptions& opt) {
   prob.has_padding = ds.seqlens_k.has_value();
   prob.has_mask = ds.mask.has_value();
 
-  const DeviceChoice dev = pick_device(opt, kernels, modes);
+  const DeviceChoice dev = pick_device(opt.device, wants_gpu(kernels, modes));
   const std::vector<Planned> plan = make_plan(kernels, modes, all, prob, dev);
   bool generated_dout = false;
   RunInputs in = make_inputs(opt, ds, modes, prob, &notes, &generated_dout);
@@ -502,15 +452,7 @@ int run_forward_backward(const AppOptions& opt) {
   hdr.generated_dout = generated_dout;
   hdr.timing = so.timing;
   hdr.cpu_threads = opt.threads;
-  if (hdr.device) {
-    hdr.sm_clock_start_mhz = nvml_sm_clock_mhz(*hdr.device);
-    hdr.other_processes = nvml_other_processes(*hdr.device);
-    if (hdr.other_processes > 0) {
-      hdr.warnings.push_back(fmt::format("{} other process(es) are using GPU {}: timings may be disturbed",
-                                         hdr.other_processes, dev.device));
-      con.note(hdr.warnings.back());
-    }
-  }
+  note_device_state(&hdr, dev.device, &con);
   if (opt.ceilings && hdr.device) hdr.ceilings = ceilings_json(measure_ceilings(dev.device, so.timing));
   if (!opt.quiet) con.print(run_title(prob, hdr));
 
@@ -518,9 +460,7 @@ int run_forward_backward(const AppOptions& opt) {
   if (hdr.device) hdr.sm_clock_end_mhz = nvml_sm_clock_mhz(*hdr.device);
   if (!opt.no_write) write_outputs(run.records, ds, session, hdr, generated_dout, out_dir_for, con);
   report(opt, hdr, run.records, con);
-  if (run.any_failed) return kExitRuntime;
-  if (run.any_check_failed) return kExitValidation;
-  return kExitOk;
+  return exit_code(run.any_failed, run.any_check_failed);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "device_info.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
+#include "harness.h"
 #include "io_guard.h"
 #include "npy.h"
 #include "nvtx.h"
@@ -151,11 +152,7 @@ int run_ceilings(const AppOptions& opt) {
   hdr.started_at = started;
   hdr.device = &info;
   hdr.timing = timing;
-  hdr.sm_clock_start_mhz = nvml_sm_clock_mhz(info);
-  hdr.other_processes = nvml_other_processes(info);
-  if (hdr.other_processes > 0)
-    hdr.warnings.push_back(fmt::format("{} other process(es) are using GPU {}: timings may be disturbed", hdr.other_processes,
-                                       opt.device));
+  note_device_state(&hdr, opt.device);  // its warning is printed with the table
   const Ceilings c = measure_ceilings(opt.device, timing);
   hdr.sm_clock_end_mhz = nvml_sm_clock_mhz(info);
   hdr.ceilings = ceilings_json(c);
@@ -179,9 +176,7 @@ int run_ceilings(const AppOptions& opt) {
   if (!opt.json.empty()) {
     nlohmann::json doc = session_json(hdr, {});
     doc.erase("data");
-    const std::string text = doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-    if (opt.json == "-") std::fputs(text.c_str(), stdout);
-    else write_file_atomic(opt.json, text.data(), text.size());
+    emit_json(opt.json, doc);
   }
   return kExitOk;
 }

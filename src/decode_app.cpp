@@ -18,6 +18,7 @@
 #include "device_info.h"
 #include "flashattn/error.h"
 #include "flashattn/registry.h"
+#include "harness.h"
 #include "io_guard.h"
 #include "nonfinite.h"
 #include "npy.h"
@@ -29,18 +30,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-struct Printer {
-  bool quiet = false;
-  FILE* human = stdout;
-  void note(const std::string& s) const {
-    if (!quiet) std::fprintf(stderr, "note: %s\n", s.c_str());
-  }
-  void print(const std::string& s) const {
-    std::fputs(s.c_str(), human);
-    std::fflush(human);
-  }
-};
 
 std::string decode_kernel_names() {
   std::string s;
@@ -139,9 +128,7 @@ json decode_json(const DecodeRecord& r, const DecodeInputs& in, int splits_optio
 
 int run_decode(const AppOptions& opt) {
   check_options(opt);
-  Printer con;
-  con.quiet = opt.quiet;
-  if (opt.json == "-") con.human = stderr;
+  const Console con(opt.quiet, opt.json);
   const std::string started = iso8601_now();
   bool all = false;
   const std::vector<const KernelMode*> plan = plan_kernels(opt, &all);
@@ -202,15 +189,9 @@ int run_decode(const AppOptions& opt) {
     }
   }
 
-  std::string no_device;
-  const int n_dev = cuda_device_count(&no_device);
-  int device = -1;
-  if (n_dev > 0) {
-    if (opt.device >= n_dev)
-      throw InputError(fmt::format("--device: {} is out of range ({} CUDA device{} present)", opt.device, n_dev, n_dev == 1 ? "" : "s"));
-    device = opt.device;
-  }
-  const int sm = device >= 0 ? query_device(device).sm() : 0;
+  const DeviceChoice dc = pick_device(opt.device, /*wants_gpu=*/true);
+  const int device = dc.device, sm = dc.sm;
+  const std::string& no_device = dc.no_device;
   TimingOptions timing = timing_options(opt);
   DecodeSimOptions so;
   so.device = device, so.timing = timing, so.steps = opt.steps, so.prompt_len = opt.prompt_len, so.seed = opt.seed;
@@ -245,14 +226,7 @@ int run_decode(const AppOptions& opt) {
   hdr.has_seqlens = true;
   hdr.timing = timing;
   hdr.cpu_threads = opt.threads;
-  if (dev) {
-    hdr.sm_clock_start_mhz = nvml_sm_clock_mhz(*dev);
-    hdr.other_processes = nvml_other_processes(*dev);
-    if (hdr.other_processes > 0) {
-      hdr.warnings.push_back(fmt::format("{} other process(es) are using GPU {}: timings may be disturbed", hdr.other_processes, device));
-      con.note(hdr.warnings.back());
-    }
-  }
+  note_device_state(&hdr, device, &con);
   double ref_gbps = dev ? dev->peak_dram_gbps : 0;
   const char* ref_kind = "dram_peak";
   if (opt.ceilings && dev) {
@@ -282,10 +256,8 @@ int run_decode(const AppOptions& opt) {
   std::unique_ptr<DecodeSession> session;
   for (size_t k = 0; k < plan.size(); ++k) {
     const KernelMode& e = *plan[k];
-    auto skipped = [&](const std::string& status, const std::string& reason) {
-      RunRecord r;
-      r.kernel = e.kernel, r.mode = Mode::Decode, r.gpu = e.gpu, r.status = status, r.reason = reason;
-      records.push_back(r);
+    auto skipped = [&](const char* status, const std::string& reason) {
+      records.push_back(not_run(e, Mode::Decode, status, reason));
       extras.push_back(nullptr);
       decoded.emplace_back();
     };
@@ -361,7 +333,7 @@ int run_decode(const AppOptions& opt) {
       if (o.lse) w.add("lse", *o.lse);
       if (decoded[k].k_cache) w.add("K_cache", *decoded[k].k_cache);
       if (decoded[k].v_cache) w.add("V_cache", *decoded[k].v_cache);
-      w.add_file("timing.json", document({k}).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+      w.add_file("timing.json", json_text(document({k})));
       w.finish();
       if (!opt.quiet) con.note("wrote " + dir);
     }
@@ -381,13 +353,9 @@ int run_decode(const AppOptions& opt) {
   if (!opt.json.empty()) {
     std::vector<size_t> every(records.size());
     for (size_t k = 0; k < every.size(); ++k) every[k] = k;
-    const std::string text = document(every).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-    if (opt.json == "-") std::fputs(text.c_str(), stdout);
-    else write_file_atomic(opt.json, text.data(), text.size());
+    emit_json(opt.json, document(every));
   }
-  if (any_failed) return kExitRuntime;
-  if (any_check_failed) return kExitValidation;
-  return kExitOk;
+  return exit_code(any_failed, any_check_failed);
 }
 
 }  // namespace flashattn

@@ -15,6 +15,7 @@
 #include "ceilings.h"
 #include "flashattn/error.h"
 #include "flashattn/registry.h"
+#include "harness.h"
 #include "io_guard.h"
 #include "npy.h"
 #include "report.h"
@@ -155,15 +156,8 @@ int run_sweep(const AppOptions& opt) {
   base.timing = timing;
   base.cpu_threads = opt.threads;
   base.data_format = "generated";
-  if (info) {
-    base.sm_clock_start_mhz = nvml_sm_clock_mhz(*info);
-    base.other_processes = nvml_other_processes(*info);
-    if (base.other_processes > 0) {
-      base.warnings.push_back(fmt::format("{} other process(es) are using GPU {}: timings may be disturbed",
-                                          base.other_processes, device));
-      if (!opt.quiet) std::fprintf(stderr, "warning: %s\n", base.warnings.back().c_str());
-    }
-  }
+  note_device_state(&base, device);
+  if (!base.warnings.empty() && !opt.quiet) std::fprintf(stderr, "warning: %s\n", base.warnings.back().c_str());
   if (opt.ceilings) {
     if (!info) throw InputError("--ceilings: needs a GPU: " + no_device);
     base.ceilings = ceilings_json(measure_ceilings(device, timing));
@@ -280,9 +274,7 @@ int run_sweep(const AppOptions& opt) {
     doc["runs"] = all_runs;
     doc["data"] = {{"generated", "normal(0, 1)"}, {"where", device >= 0 ? "device" : "host"}, {"seed", opt.seed}};
     doc["sweep"] = {{"name", grid.name}, {"points", grid.points.size()}};
-    const std::string text = doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-    if (opt.json == "-") std::fputs(text.c_str(), stdout);
-    else write_file_atomic(opt.json, text.data(), text.size());
+    emit_json(opt.json, doc);
   }
   if (opt.json.empty() && !opt.quiet) {
     std::string out = fmt::format("{:<32} {:<10} {:<8} {:>10} {:>9} {:>10}\n", "problem", "kernel", "mode", "median ms",
@@ -290,9 +282,7 @@ int run_sweep(const AppOptions& opt) {
     for (const std::string& l : table) out += l + "\n";
     std::fputs(out.c_str(), human);
   }
-  if (any_failed) return kExitRuntime;
-  if (any_check_failed) return kExitValidation;
-  return kExitOk;
+  return exit_code(any_failed, any_check_failed);
 }
 
 }  // namespace flashattn

@@ -1,0 +1,74 @@
+#include "harness.h"
+
+#include <fmt/format.h>
+
+#include "flashattn/error.h"
+#include "npy.h"
+
+namespace flashattn {
+
+void Console::note(const std::string& s) const {
+  if (!quiet) std::fprintf(stderr, "note: %s\n", s.c_str());
+}
+
+void Console::print(const std::string& s) const {
+  std::fputs(s.c_str(), human);
+  std::fflush(human);
+}
+
+DeviceChoice pick_device(int requested, bool wants_gpu) {
+  DeviceChoice d;
+  d.wants_gpu = wants_gpu;
+  if (!wants_gpu) return d;
+  const int n = cuda_device_count(&d.no_device);
+  if (n > 0) {
+    if (requested < 0 || requested >= n)
+      throw InputError(
+          fmt::format("--device: {} is out of range ({} CUDA device{} present)", requested, n, n == 1 ? "" : "s"));
+    d.device = requested;
+    d.sm = query_device(d.device).sm();
+  }
+  return d;
+}
+
+void note_device_state(ReportHeader* hdr, int device, const Console* con) {
+  if (!hdr->device) return;
+  hdr->sm_clock_start_mhz = nvml_sm_clock_mhz(*hdr->device);
+  hdr->other_processes = nvml_other_processes(*hdr->device);
+  if (hdr->other_processes > 0) {
+    hdr->warnings.push_back(
+        fmt::format("{} other process(es) are using GPU {}: timings may be disturbed", hdr->other_processes, device));
+    if (con != nullptr) con->note(hdr->warnings.back());
+  }
+}
+
+RunRecord not_run(const KernelMode& e, Mode mode, const char* status, const std::string& reason) {
+  RunRecord r;
+  r.kernel = e.kernel;
+  r.mode = mode;
+  r.gpu = e.gpu;
+  r.status = status;
+  r.reason = reason;
+  return r;
+}
+
+std::string json_text(const nlohmann::json& doc) {
+  return doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+void emit_json(const std::string& target, const nlohmann::json& doc) {
+  if (target.empty()) return;
+  const std::string text = json_text(doc);
+  if (target == "-")
+    std::fputs(text.c_str(), stdout);
+  else
+    write_file_atomic(target, text.data(), text.size());
+}
+
+int exit_code(bool any_failed, bool any_check_failed) {
+  if (any_failed) return kExitRuntime;
+  if (any_check_failed) return kExitValidation;
+  return kExitOk;
+}
+
+}  // namespace flashattn
