@@ -126,6 +126,183 @@ json decode_json(const DecodeRecord& r, const DecodeInputs& in, int splits_optio
   return j;
 }
 
+namespace {
+
+// The decode directory, refused with a clear line when it is not one.
+DecodeDataset load_checked(const AppOptions& opt) {
+  if (!is_decode_dir(opt.data)) {
+    std::error_code ec;
+    if (!fs::is_directory(opt.data, ec)) throw InputError(opt.data + ": no such directory");
+    throw InputError(opt.data + ": not a decode directory (no K_cache.npy or K_cache.bin; see data/README.md)");
+  }
+  return load_decode_dataset(opt.data);
+}
+
+// The inputs in the compute dtype (fp64 data computes in fp32); the new tokens must be finite.
+DecodeInputs make_decode_inputs(const AppOptions& opt, DecodeDataset& ds, std::vector<std::string>* notes) {
+  DType dtype = ds.dtype == DType::F64 ? DType::F32 : ds.dtype;
+  if (!opt.dtype.empty() && (!parse_dtype(opt.dtype, &dtype) || !dtype_is_float(dtype) || dtype == DType::F64))
+    throw InputError("--dtype: '" + opt.dtype + "' is not one of fp32, fp16, bf16 (decode kernels)");
+  if (dtype != ds.dtype)
+    notes->push_back(fmt::format("inputs are {}; computing in {} (converted once, round to nearest)",
+                                 dtype_name(ds.dtype), dtype_name(dtype)));
+  DecodeInputs in;
+  in.dims = ds.dims;
+  in.dtype = dtype;
+  in.scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(double(ds.dims.D));
+  in.q = convert(ds.q, dtype);
+  in.k_new = convert(ds.k_new, dtype);
+  in.v_new = convert(ds.v_new, dtype);
+  in.k_cache = convert(ds.k_cache, dtype);
+  in.v_cache = convert(ds.v_cache, dtype);
+  in.cache_seqlens = ds.cache_seqlens;
+  in.block_table = ds.block_table;
+  ds.q = ds.k_new = ds.v_new = ds.k_cache = ds.v_cache = HostArray();  // only the converted copies are used
+  if (opt.steps > 0) return in;
+  // Cache rows past cache_seqlens are never read, so only the new tokens are scanned.
+  const std::pair<const char*, const HostArray*> scanned[] = {{"q", &in.q}, {"k_new", &in.k_new}, {"v_new", &in.v_new}};
+  for (const auto& a : scanned) {
+    const NonFiniteCount c = scan_nonfinite(*a.second);
+    if (c.total() == 0) continue;
+    const std::string what =
+        (fs::path(ds.dir) / (std::string(a.first) + (ds.format == FileFormat::Npy ? ".npy" : ".bin"))).string() +
+        ": " + describe_nonfinite(c, a.second->shape) + (dtype != ds.dtype ? " (after conversion)" : "");
+    if (!opt.allow_nonfinite) throw InputError(what + "; pass --allow-nonfinite to run anyway");
+    notes->push_back(what + "; running anyway (--allow-nonfinite)");
+  }
+  return in;
+}
+
+std::string decode_title(const AppOptions& opt, const DecodeInputs& in, const DeviceInfo* dev) {
+  const std::vector<int> L = decode_lengths(in.cache_seqlens, in.dims.S_new);
+  std::string title = fmt::format("decode B={} H={} H_kv={} S_new={} D={} S_max={} kv lengths {}..{} {}", in.dims.B,
+                                  in.dims.H, in.dims.H_kv, in.dims.S_new, in.dims.D, in.dims.S_max,
+                                  *std::min_element(L.begin(), L.end()), *std::max_element(L.begin(), L.end()),
+                                  dtype_name(in.dtype));
+  if (in.dims.paged()) title += fmt::format(" paged({}x{})", in.dims.num_blocks, in.dims.page_size);
+  if (opt.steps > 0) title += fmt::format(" --steps {}", opt.steps);
+  title += dev ? fmt::format("  on {} (sm_{})", dev->name, dev->sm()) : "  (no GPU)";
+  return title + "\n";
+}
+
+// What each planned kernel's run produced: its record, its "decode" JSON object (null when it did
+// not run), its caches, and its console line.
+struct DecodeOutcome {
+  std::vector<RunRecord> records;
+  std::vector<json> extras;
+  std::vector<DecodeRecord> decoded;
+  std::vector<std::string> lines;
+  bool any_failed = false, any_check_failed = false;
+};
+
+// The bandwidth a decode step is compared with: the measured copy rate (--ceilings), else the
+// datasheet DRAM peak.
+struct BandwidthRef {
+  double gbps = 0;
+  const char* kind = "dram_peak";
+};
+
+// Runs the plan: a simulation per kernel with --steps, else one step each in a shared session
+// (made once: the caches can be GBs, so they move into it).
+DecodeOutcome run_decode_plan(const AppOptions& opt, const std::vector<const KernelMode*>& plan,
+                              const std::vector<std::string>& skip, bool all, DecodeInputs& in,
+                              const DecodeSimOptions& so, const BandwidthRef& ref,
+                              std::unique_ptr<DecodeSession>* session) {
+  DecodeOutcome out;
+  for (size_t k = 0; k < plan.size(); ++k) {
+    const KernelMode& e = *plan[k];
+    auto skipped = [&](const char* status, const std::string& reason) {
+      out.records.push_back(not_run(e, Mode::Decode, status, reason));
+      out.extras.push_back(nullptr);
+      out.decoded.emplace_back();
+    };
+    if (!skip[k].empty()) {
+      skipped("skipped", skip[k]);
+      continue;
+    }
+    try {
+      if (opt.steps > 0) {
+        DecodeSimResult s = simulate_decode(e, in, so);
+        DecodeRecord dr;
+        dr.run = s.run;
+        json x = lengths_json(in);
+        x["S_new"] = in.dims.S_new, x["S_max"] = in.dims.S_max, x["paged"] = in.dims.paged(),
+        x["page_size"] = in.dims.page_size;
+        x["simulation"] = s.sim;
+        if (s.run.check.performed && !s.run.check.passed) out.any_check_failed = true;
+        out.records.push_back(s.run);
+        out.extras.push_back(x);
+        out.decoded.push_back(std::move(dr));
+        out.lines.push_back("  " + s.summary);
+        continue;
+      }
+      if (!*session) {
+        DecodeOptions dopt;
+        dopt.device = so.device, dopt.timing = so.timing, dopt.check = opt.check, dopt.cpu_threads = opt.threads;
+        dopt.cpu_timing.warmup = std::min(opt.warmup, 1);
+        dopt.cpu_timing.repeat = std::min(opt.repeat, 3);
+        dopt.seed = opt.seed, dopt.splits = opt.splits, dopt.keep_caches = opt.write_cache && !opt.no_write;
+        *session = std::make_unique<DecodeSession>(std::move(in), dopt);  // the caches can be GBs: no copy
+      }
+      DecodeRecord dr = (*session)->run(e);
+      if (dr.run.check.performed && !dr.run.check.passed) out.any_check_failed = true;
+      const double step_gbps = dr.run.gbps;
+      const double attend_gbps = dr.attend.median_ms > 0 ? dr.kv_bytes / (dr.attend.median_ms * 1e-3) / 1e9 : 0;
+      std::string line =
+          fmt::format("  decode {}: splits {}{}, K+V {:.1f} MB; step (update + attention) {:.4f} ms {:.0f} GB/s{}",
+                      e.kernel, dr.splits, opt.splits > 0 ? " (forced)" : "", dr.kv_bytes / 1e6,
+                      dr.run.timing.median_ms, step_gbps, fraction_str(step_gbps, ref.gbps, ref.kind));
+      if (dr.attend.median_ms > 0)
+        line += fmt::format("; attention alone {:.4f} ms {:.0f} GB/s{}", dr.attend.median_ms, attend_gbps,
+                            fraction_str(attend_gbps, ref.gbps, ref.kind));
+      out.lines.push_back(line);
+      out.records.push_back(dr.run);
+      out.extras.push_back(decode_json(dr, (*session)->inputs(), opt.splits, ref.gbps, ref.kind));
+      out.decoded.push_back(std::move(dr));
+    } catch (const InputError& err) {
+      if (!all) throw;
+      skipped("skipped", err.what());
+    } catch (const RuntimeError& err) {
+      std::fprintf(stderr, "error: %s\n", err.what());
+      skipped("failed", err.what());
+      out.any_failed = true;
+    }
+  }
+  return out;
+}
+
+// The session JSON of some of the records, with each one's "decode" object.
+json decode_document(const ReportHeader& hdr, const DecodeOutcome& run, const std::vector<size_t>& which) {
+  std::vector<RunRecord> runs;
+  for (size_t k : which) runs.push_back(run.records[k]);
+  json doc = session_json(hdr, runs);
+  doc["data"]["kind"] = "decode";
+  for (size_t n = 0; n < which.size(); ++n)
+    if (!run.extras[which[n]].is_null()) doc["runs"][n]["decode"] = run.extras[which[n]];
+  return doc;
+}
+
+void decode_report(const AppOptions& opt, const ReportHeader& hdr, const DecodeOutcome& run, const Console& con) {
+  std::string baseline = opt.baseline;
+  if (baseline.empty())
+    for (const RunRecord& r : run.records)
+      if (baseline.empty() && r.status == "ok") baseline = r.kernel;
+  if (!opt.quiet || opt.json != "-") {
+    con.print(render_table(run.records, baseline, opt.check));
+    for (const std::string& l : run.lines) con.print(l + "\n");
+    if (opt.steps == 0) con.print("  (GB/s: K+V bytes read, sum_b L_b * H_kv * D * 2 * itemsize, over the median time)\n");
+    for (const RunRecord& r : run.records)
+      if (r.check.performed && (!opt.quiet || !r.check.passed)) con.print(render_check(r));
+  }
+  if (!opt.json.empty()) {
+    std::vector<size_t> every(run.records.size());
+    for (size_t k = 0; k < every.size(); ++k) every[k] = k;
+    emit_json(opt.json, decode_document(hdr, run, every));
+  }
+}
+
+}  // namespace
+
 int run_decode(const AppOptions& opt) {
   check_options(opt);
   const Console con(opt.quiet, opt.json);
@@ -136,12 +313,7 @@ int run_decode(const AppOptions& opt) {
       std::none_of(plan.begin(), plan.end(), [&](const KernelMode* e) { return e->kernel == opt.baseline; }))
     throw InputError("--baseline: '" + opt.baseline + "' is not one of the kernels run (--compute)");
 
-  if (!is_decode_dir(opt.data)) {
-    std::error_code ec;
-    if (!fs::is_directory(opt.data, ec)) throw InputError(opt.data + ": no such directory");
-    throw InputError(opt.data + ": not a decode directory (no K_cache.npy or K_cache.bin; see data/README.md)");
-  }
-  DecodeDataset ds = load_decode_dataset(opt.data);
+  DecodeDataset ds = load_checked(opt);
   if (!opt.json.empty() && opt.json != "-") check_output_file(opt.json, "--json");  // now against the inputs too
   std::vector<std::string> notes = ds.notices;
   auto out_dir_for = [&](const std::string& k) {
@@ -157,51 +329,20 @@ int run_decode(const AppOptions& opt) {
       OutputWriter::check_writable(dir);
     }
   }
-
-  DType dtype = ds.dtype == DType::F64 ? DType::F32 : ds.dtype;
-  if (!opt.dtype.empty() && (!parse_dtype(opt.dtype, &dtype) || !dtype_is_float(dtype) || dtype == DType::F64))
-    throw InputError("--dtype: '" + opt.dtype + "' is not one of fp32, fp16, bf16 (decode kernels)");
-  if (dtype != ds.dtype)
-    notes.push_back(fmt::format("inputs are {}; computing in {} (converted once, round to nearest)", dtype_name(ds.dtype),
-                                dtype_name(dtype)));
-  DecodeInputs in;
-  in.dims = ds.dims;
-  in.dtype = dtype;
-  in.scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(double(ds.dims.D));
-  in.q = convert(ds.q, dtype);
-  in.k_new = convert(ds.k_new, dtype);
-  in.v_new = convert(ds.v_new, dtype);
-  in.k_cache = convert(ds.k_cache, dtype);
-  in.v_cache = convert(ds.v_cache, dtype);
-  in.cache_seqlens = ds.cache_seqlens;
-  in.block_table = ds.block_table;
-  ds.q = ds.k_new = ds.v_new = ds.k_cache = ds.v_cache = HostArray();  // only the converted copies are used
-  if (opt.steps == 0) {
-    // Cache rows past cache_seqlens are never read, so only the new tokens are scanned.
-    const std::pair<const char*, const HostArray*> scanned[] = {{"q", &in.q}, {"k_new", &in.k_new}, {"v_new", &in.v_new}};
-    for (const auto& a : scanned) {
-      const NonFiniteCount c = scan_nonfinite(*a.second);
-      if (c.total() == 0) continue;
-      const std::string what = (fs::path(ds.dir) / (std::string(a.first) + (ds.format == FileFormat::Npy ? ".npy" : ".bin"))).string() +
-                               ": " + describe_nonfinite(c, a.second->shape) + (dtype != ds.dtype ? " (after conversion)" : "");
-      if (!opt.allow_nonfinite) throw InputError(what + "; pass --allow-nonfinite to run anyway");
-      notes.push_back(what + "; running anyway (--allow-nonfinite)");
-    }
-  }
+  DecodeInputs in = make_decode_inputs(opt, ds, &notes);
+  const DType dtype = in.dtype;
 
   const DeviceChoice dc = pick_device(opt.device, /*wants_gpu=*/true);
-  const int device = dc.device, sm = dc.sm;
-  const std::string& no_device = dc.no_device;
-  TimingOptions timing = timing_options(opt);
+  const int device = dc.device;
   DecodeSimOptions so;
-  so.device = device, so.timing = timing, so.steps = opt.steps, so.prompt_len = opt.prompt_len, so.seed = opt.seed;
-  so.splits = opt.splits, so.check = opt.check, so.cpu_threads = opt.threads;
+  so.device = device, so.timing = timing_options(opt), so.steps = opt.steps, so.prompt_len = opt.prompt_len;
+  so.seed = opt.seed, so.splits = opt.splits, so.check = opt.check, so.cpu_threads = opt.threads;
   std::vector<std::string> skip(plan.size());
   for (size_t k = 0; k < plan.size(); ++k) {
     const KernelMode& e = *plan[k];
-    std::string why = opt.steps > 0 ? decode_sim_unsupported(e, in, so, device >= 0 ? sm : std::max(e.min_sm, 1))
-                                    : decode_why_unsupported(e, in.dims, dtype, device >= 0 ? sm : std::max(e.min_sm, 1));
-    if (why.empty() && device < 0 && e.gpu) why = "kernel '" + e.kernel + "' needs a GPU: " + no_device;
+    const int sm = device >= 0 ? dc.sm : std::max(e.min_sm, 1);
+    std::string why = opt.steps > 0 ? decode_sim_unsupported(e, in, so, sm) : decode_why_unsupported(e, in.dims, dtype, sm);
+    if (why.empty() && device < 0 && e.gpu) why = "kernel '" + e.kernel + "' needs a GPU: " + dc.no_device;
     if (!why.empty() && !all) throw InputError(why);
     skip[k] = why;
   }
@@ -213,7 +354,7 @@ int run_decode(const AppOptions& opt) {
   hdr.command_line = opt.command_line;
   hdr.started_at = started;
   hdr.device = dev ? &*dev : nullptr;
-  hdr.no_device_reason = no_device;
+  hdr.no_device_reason = dc.no_device;
   hdr.data_dir = opt.data;
   hdr.data_format = format_name(ds.format);
   hdr.input_dtype = dtype_name(ds.dtype);
@@ -224,138 +365,39 @@ int run_decode(const AppOptions& opt) {
   hdr.problem.causal = true;
   hdr.problem.has_padding = true;
   hdr.has_seqlens = true;
-  hdr.timing = timing;
+  hdr.timing = so.timing;
   hdr.cpu_threads = opt.threads;
   note_device_state(&hdr, device, &con);
-  double ref_gbps = dev ? dev->peak_dram_gbps : 0;
-  const char* ref_kind = "dram_peak";
+  BandwidthRef ref;
+  if (dev) ref.gbps = dev->peak_dram_gbps;
   if (opt.ceilings && dev) {
-    const Ceilings c = measure_ceilings(device, timing);
+    const Ceilings c = measure_ceilings(device, so.timing);
     hdr.ceilings = ceilings_json(c);
-    ref_gbps = c.copy_gbps;
-    ref_kind = "copy";
+    ref.gbps = c.copy_gbps;
+    ref.kind = "copy";
   }
+  if (!opt.quiet) con.print(decode_title(opt, in, hdr.device));
 
-  if (!opt.quiet) {
-    const std::vector<int> L = decode_lengths(in.cache_seqlens, in.dims.S_new);
-    std::string title = fmt::format("decode B={} H={} H_kv={} S_new={} D={} S_max={} kv lengths {}..{} {}", in.dims.B,
-                                    in.dims.H, in.dims.H_kv, in.dims.S_new, in.dims.D, in.dims.S_max,
-                                    *std::min_element(L.begin(), L.end()), *std::max_element(L.begin(), L.end()),
-                                    dtype_name(dtype));
-    if (in.dims.paged()) title += fmt::format(" paged({}x{})", in.dims.num_blocks, in.dims.page_size);
-    if (opt.steps > 0) title += fmt::format(" --steps {}", opt.steps);
-    title += dev ? fmt::format("  on {} (sm_{})", dev->name, dev->sm()) : "  (no GPU)";
-    con.print(title + "\n");
-  }
-
-  std::vector<RunRecord> records;
-  std::vector<json> extras;  // the "decode" object of each record
-  std::vector<DecodeRecord> decoded;
-  std::vector<std::string> lines;
-  bool any_failed = false, any_check_failed = false;
   std::unique_ptr<DecodeSession> session;
-  for (size_t k = 0; k < plan.size(); ++k) {
-    const KernelMode& e = *plan[k];
-    auto skipped = [&](const char* status, const std::string& reason) {
-      records.push_back(not_run(e, Mode::Decode, status, reason));
-      extras.push_back(nullptr);
-      decoded.emplace_back();
-    };
-    if (!skip[k].empty()) {
-      skipped("skipped", skip[k]);
-      continue;
-    }
-    try {
-      if (opt.steps > 0) {
-        DecodeSimResult s = simulate_decode(e, in, so);
-        DecodeRecord dr;
-        dr.run = s.run;
-        json x = lengths_json(in);
-        x["S_new"] = in.dims.S_new, x["S_max"] = in.dims.S_max, x["paged"] = in.dims.paged(), x["page_size"] = in.dims.page_size;
-        x["simulation"] = s.sim;
-        if (s.run.check.performed && !s.run.check.passed) any_check_failed = true;
-        records.push_back(s.run);
-        extras.push_back(x);
-        decoded.push_back(std::move(dr));
-        lines.push_back("  " + s.summary);
-        continue;
-      }
-      if (!session) {
-        DecodeOptions dopt;
-        dopt.device = device, dopt.timing = timing, dopt.check = opt.check, dopt.cpu_threads = opt.threads;
-        dopt.cpu_timing.warmup = std::min(opt.warmup, 1);
-        dopt.cpu_timing.repeat = std::min(opt.repeat, 3);
-        dopt.seed = opt.seed, dopt.splits = opt.splits, dopt.keep_caches = opt.write_cache && !opt.no_write;
-        session = std::make_unique<DecodeSession>(std::move(in), dopt);  // the caches can be GBs: no copy
-      }
-      DecodeRecord dr = session->run(e);
-      if (dr.run.check.performed && !dr.run.check.passed) any_check_failed = true;
-      const double step_gbps = dr.run.gbps;
-      const double attend_gbps = dr.attend.median_ms > 0 ? dr.kv_bytes / (dr.attend.median_ms * 1e-3) / 1e9 : 0;
-      std::string line = fmt::format("  decode {}: splits {}{}, K+V {:.1f} MB; step (update + attention) {:.4f} ms {:.0f} GB/s{}",
-                                     e.kernel, dr.splits, opt.splits > 0 ? " (forced)" : "", dr.kv_bytes / 1e6,
-                                     dr.run.timing.median_ms, step_gbps, fraction_str(step_gbps, ref_gbps, ref_kind));
-      if (dr.attend.median_ms > 0)
-        line += fmt::format("; attention alone {:.4f} ms {:.0f} GB/s{}", dr.attend.median_ms, attend_gbps,
-                            fraction_str(attend_gbps, ref_gbps, ref_kind));
-      lines.push_back(line);
-      records.push_back(dr.run);
-      extras.push_back(decode_json(dr, session->inputs(), opt.splits, ref_gbps, ref_kind));
-      decoded.push_back(std::move(dr));
-    } catch (const InputError& err) {
-      if (!all) throw;
-      skipped("skipped", err.what());
-    } catch (const RuntimeError& err) {
-      std::fprintf(stderr, "error: %s\n", err.what());
-      skipped("failed", err.what());
-      any_failed = true;
-    }
-  }
+  const DecodeOutcome run = run_decode_plan(opt, plan, skip, all, in, so, ref, &session);
   if (hdr.device) hdr.sm_clock_end_mhz = nvml_sm_clock_mhz(*hdr.device);
-
-  auto document = [&](const std::vector<size_t>& which) {
-    std::vector<RunRecord> runs;
-    for (size_t k : which) runs.push_back(records[k]);
-    json doc = session_json(hdr, runs);
-    doc["data"]["kind"] = "decode";
-    for (size_t n = 0; n < which.size(); ++n)
-      if (!extras[which[n]].is_null()) doc["runs"][n]["decode"] = extras[which[n]];
-    return doc;
-  };
-
   if (!opt.no_write && opt.steps == 0) {
-    for (size_t k = 0; k < records.size(); ++k) {
-      if (records[k].status != "ok") continue;
-      const std::string dir = out_dir_for(records[k].kernel);
+    for (size_t k = 0; k < run.records.size(); ++k) {
+      if (run.records[k].status != "ok") continue;
+      const std::string dir = out_dir_for(run.records[k].kernel);
       OutputWriter w(dir, ds.format, Layout::BHSD, ds.input_paths);
-      const KernelOutputs& o = records[k].outputs;
+      const KernelOutputs& o = run.records[k].outputs;
       if (o.o) w.add("O", *o.o);
       if (o.lse) w.add("lse", *o.lse);
-      if (decoded[k].k_cache) w.add("K_cache", *decoded[k].k_cache);
-      if (decoded[k].v_cache) w.add("V_cache", *decoded[k].v_cache);
-      w.add_file("timing.json", json_text(document({k})));
+      if (run.decoded[k].k_cache) w.add("K_cache", *run.decoded[k].k_cache);
+      if (run.decoded[k].v_cache) w.add("V_cache", *run.decoded[k].v_cache);
+      w.add_file("timing.json", json_text(decode_document(hdr, run, {k})));
       w.finish();
-      if (!opt.quiet) con.note("wrote " + dir);
+      con.note("wrote " + dir);
     }
   }
-
-  std::string baseline = opt.baseline;
-  if (baseline.empty())
-    for (const RunRecord& r : records)
-      if (baseline.empty() && r.status == "ok") baseline = r.kernel;
-  if (!opt.quiet || opt.json != "-") {
-    con.print(render_table(records, baseline, opt.check));
-    for (const std::string& l : lines) con.print(l + "\n");
-    if (opt.steps == 0) con.print("  (GB/s: K+V bytes read, sum_b L_b * H_kv * D * 2 * itemsize, over the median time)\n");
-    for (const RunRecord& r : records)
-      if (r.check.performed && (!opt.quiet || !r.check.passed)) con.print(render_check(r));
-  }
-  if (!opt.json.empty()) {
-    std::vector<size_t> every(records.size());
-    for (size_t k = 0; k < every.size(); ++k) every[k] = k;
-    emit_json(opt.json, document(every));
-  }
-  return exit_code(any_failed, any_check_failed);
+  decode_report(opt, hdr, run, con);
+  return exit_code(run.any_failed, run.any_check_failed);
 }
 
 }  // namespace flashattn
