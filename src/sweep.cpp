@@ -77,6 +77,108 @@ RunRecord unrun(const std::string& kernel, Mode m, bool gpu, const std::string& 
   return r;
 }
 
+// --dry-run: one point per line: readable, and still a preset file that --sweep accepts.
+void print_grid(const SweepGrid& grid) {
+  const json g = sweep_grid_json(grid);
+  std::string text = "{\"name\": " + g["name"].dump() + ",\n \"points\": [\n";
+  for (size_t i = 0; i < g["points"].size(); ++i)
+    text += "  " + g["points"][i].dump() + (i + 1 < g["points"].size() ? ",\n" : "\n");
+  std::fputs((text + "]}\n").c_str(), stdout);
+}
+
+void check_point_kernels(const SweepGrid& grid) {
+  for (const SweepPoint& p : grid.points) {
+    if (p.kernels.empty()) throw InputError("--sweep: name the kernels with --compute (or \"kernels\" in the preset)");
+    for (const std::string& k : p.kernels) {
+      bool known = false;
+      for (int m = 0; m < kNumModes; ++m) known = known || Registry::find(k, static_cast<Mode>(m));
+      if (!known) throw InputError("--compute: unknown kernel '" + k + "'");
+    }
+  }
+}
+
+// Without a GPU, GPU kernels are recorded as skipped (like `--compute all`); a sweep of GPU
+// kernels only cannot run here at all: a usage error.
+void require_runnable(const SweepGrid& grid, const DeviceChoice& dev) {
+  if (dev.device >= 0) return;
+  bool any_host = false;
+  for (const SweepPoint& p : grid.points)
+    for (const std::string& k : p.kernels)
+      for (int m = 0; m < kNumModes; ++m) {
+        const KernelMode* e = Registry::find(k, static_cast<Mode>(m));
+        any_host = any_host || (e && !e->gpu);
+      }
+  if (!any_host) throw InputError("--sweep: the kernels need a GPU: " + dev.no_device + " (the cpu kernel still runs)");
+}
+
+struct SweepContext {
+  const AppOptions& opt;
+  TimingOptions timing;
+  DeviceChoice dev;
+  const DeviceInfo* info = nullptr;
+  bool any_failed = false, any_check_failed = false;
+};
+
+// One point: the plan (what runs, what is skipped and why), then the planned runs in one session
+// on inputs generated from --seed. A kernel that does not fit is skipped, not failed.
+std::vector<RunRecord> run_point(const SweepPoint& pt, const Problem& prob, SweepContext* cx) {
+  std::vector<RunRecord> records;
+  std::vector<std::pair<const KernelMode*, size_t>> planned;  // entry, index into records
+  for (const std::string& k : pt.kernels) {
+    for (Mode m : pt.modes) {
+      const KernelMode* e = Registry::find(k, m);
+      if (!e) {
+        records.push_back(unrun(k, m, true, "skipped", fmt::format("kernel '{}' has no {} pass", k, mode_name(m))));
+        continue;
+      }
+      std::string why = e->gpu && cx->dev.device < 0 ? "no GPU: " + cx->dev.no_device
+                                                      : why_unsupported(*e, prob, cx->info ? cx->info->sm() : 0);
+      records.push_back(unrun(k, m, e->gpu, why.empty() ? "ok" : "skipped", why));
+      if (why.empty()) planned.emplace_back(e, records.size() - 1);
+    }
+  }
+  if (planned.empty()) return records;
+  const AppOptions& opt = cx->opt;
+  SessionOptions so;
+  so.device = cx->dev.device;
+  so.timing = cx->timing;
+  so.cpu_timing = cx->timing;
+  so.cpu_timing.warmup = std::min(cx->timing.warmup, 1);
+  so.cpu_timing.repeat = std::min(cx->timing.repeat, 3);
+  so.check = opt.check;
+  so.deterministic = opt.deterministic;
+  so.cpu_threads = opt.threads;
+  so.seed = opt.seed;
+  RunInputs in;
+  in.problem = prob;
+  in.generate_seed = opt.seed;
+  try {
+    Session session(std::move(in), so);
+    for (const auto& [e, idx] : planned) {
+      try {
+        records[idx] = session.run(*e);
+        if (records[idx].check.performed && !records[idx].check.passed) cx->any_check_failed = true;
+      } catch (const InputError& err) {  // e.g. does not fit in GPU memory
+        records[idx] = unrun(e->kernel, e->mode, e->gpu, "skipped", err.what());
+      } catch (const RuntimeError& err) {
+        // An allocation the memory estimate missed is "does not fit", not a failure (and not
+        // sticky: the sweep goes on).
+        const std::string what = err.what();
+        const bool oom = what.find("cudaErrorMemoryAllocation") != std::string::npos;
+        records[idx] = unrun(e->kernel, e->mode, e->gpu, oom ? "skipped" : "failed",
+                             oom ? "does not fit in GPU memory: " + what : what);
+        cx->any_failed = cx->any_failed || !oom;
+      }
+    }
+  } catch (const Error& err) {  // the session itself (stream, flush buffer) could not be set up
+    const bool input = dynamic_cast<const InputError*>(&err) != nullptr;
+    for (const auto& [e, idx] : planned)
+      records[idx] = unrun(e->kernel, e->mode, e->gpu, input ? "skipped" : "failed", err.what());
+    cx->any_failed = cx->any_failed || !input;
+  }
+  return records;
+}
+
 }  // namespace
 
 int run_sweep(const AppOptions& opt) {
@@ -90,23 +192,12 @@ int run_sweep(const AppOptions& opt) {
   cli.kernels = all ? gpu_kernels() : opt.compute;
   const SweepGrid grid = load_sweep(opt.sweep, cli);
   if (opt.dry_run) {
-    // One point per line: readable, and still a preset file that --sweep accepts.
-    const json g = sweep_grid_json(grid);
-    std::string text = "{\"name\": " + g["name"].dump() + ",\n \"points\": [\n";
-    for (size_t i = 0; i < g["points"].size(); ++i)
-      text += "  " + g["points"][i].dump() + (i + 1 < g["points"].size() ? ",\n" : "\n");
-    std::fputs((text + "]}\n").c_str(), stdout);
+    print_grid(grid);
     return kExitOk;
   }
-  for (const SweepPoint& p : grid.points) {
-    if (p.kernels.empty()) throw InputError("--sweep: name the kernels with --compute (or \"kernels\" in the preset)");
-    for (const std::string& k : p.kernels) {
-      bool known = false;
-      for (int m = 0; m < kNumModes; ++m) known = known || Registry::find(k, static_cast<Mode>(m));
-      if (!known) throw InputError("--compute: unknown kernel '" + k + "'");
-    }
-  }
-  const TimingOptions timing = timing_options(opt);
+  check_point_kernels(grid);
+  SweepContext cx{opt, timing_options(opt), {}, nullptr};
+  const TimingOptions& timing = cx.timing;
   int window_left = -1, window_right = -1;
   if (!opt.window.empty()) {
     if (std::sscanf(opt.window.c_str(), "%d,%d", &window_left, &window_right) != 2 || window_left < -1 || window_right < -1)
@@ -116,26 +207,13 @@ int run_sweep(const AppOptions& opt) {
   if (opt.layout == "bshd") layout = Layout::BSHD;
   else if (!opt.layout.empty() && opt.layout != "bhsd") throw InputError("--layout: '" + opt.layout + "' is not bhsd or bshd");
 
-  // Device: GPU kernels of a machine without one are recorded as skipped, like `--compute all`.
-  std::string no_device;
-  const int n_dev = cuda_device_count(&no_device);
-  int device = -1;
-  if (n_dev > 0) {
-    if (opt.device < 0 || opt.device >= n_dev) throw InputError(fmt::format("--device: {} is out of range", opt.device));
-    device = opt.device;
-  }
+  cx.dev = pick_device(opt.device, /*wants_gpu=*/true);
+  const int device = cx.dev.device;
+  const std::string& no_device = cx.dev.no_device;
   std::unique_ptr<DeviceInfo> info;
   if (device >= 0) info = std::make_unique<DeviceInfo>(query_device(device));
-  if (device < 0) {  // a sweep of GPU kernels only cannot run here at all: a usage error
-    bool any_host = false;
-    for (const SweepPoint& p : grid.points)
-      for (const std::string& k : p.kernels)
-        for (int m = 0; m < kNumModes; ++m) {
-          const KernelMode* e = Registry::find(k, static_cast<Mode>(m));
-          any_host = any_host || (e && !e->gpu);
-        }
-    if (!any_host) throw InputError("--sweep: the kernels need a GPU: " + no_device + " (the cpu kernel still runs)");
-  }
+  cx.info = info.get();
+  require_runnable(grid, cx.dev);
 
   const bool jsonl = ends_with(opt.json, ".jsonl");
   // Refused now (the preset is known by identity), before any point runs or a JSON Lines file is
@@ -168,7 +246,6 @@ int run_sweep(const AppOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   json all_runs = json::array();
   std::vector<std::string> table;
-  bool any_failed = false, any_check_failed = false;
 
   for (size_t i = 0; i < grid.points.size(); ++i) {
     const SweepPoint& pt = grid.points[i];
@@ -181,60 +258,7 @@ int run_sweep(const AppOptions& opt) {
     prob.window_left = window_left;
     prob.window_right = window_right;
 
-    // Plan: what runs, and what is skipped with its reason.
-    std::vector<RunRecord> records;
-    std::vector<std::pair<const KernelMode*, size_t>> planned;  // entry, index into records
-    for (const std::string& k : pt.kernels) {
-      for (Mode m : pt.modes) {
-        const KernelMode* e = Registry::find(k, m);
-        if (!e) {
-          records.push_back(unrun(k, m, true, "skipped", fmt::format("kernel '{}' has no {} pass", k, mode_name(m))));
-          continue;
-        }
-        std::string why = e->gpu && device < 0 ? "no GPU: " + no_device : why_unsupported(*e, prob, info ? info->sm() : 0);
-        records.push_back(unrun(k, m, e->gpu, why.empty() ? "ok" : "skipped", why));
-        if (why.empty()) planned.emplace_back(e, records.size() - 1);
-      }
-    }
-    if (!planned.empty()) {
-      SessionOptions so;
-      so.device = device;
-      so.timing = timing;
-      so.cpu_timing = timing;
-      so.cpu_timing.warmup = std::min(timing.warmup, 1);
-      so.cpu_timing.repeat = std::min(timing.repeat, 3);
-      so.check = opt.check;
-      so.deterministic = opt.deterministic;
-      so.cpu_threads = opt.threads;
-      so.seed = opt.seed;
-      RunInputs in;
-      in.problem = prob;
-      in.generate_seed = opt.seed;
-      try {
-        Session session(std::move(in), so);
-        for (const auto& [e, idx] : planned) {
-          try {
-            records[idx] = session.run(*e);
-            if (records[idx].check.performed && !records[idx].check.passed) any_check_failed = true;
-          } catch (const InputError& err) {  // e.g. does not fit in GPU memory
-            records[idx] = unrun(e->kernel, e->mode, e->gpu, "skipped", err.what());
-          } catch (const RuntimeError& err) {
-            // An allocation the memory estimate missed is "does not fit", not a failure (and
-            // not sticky: the sweep goes on).
-            const std::string what = err.what();
-            const bool oom = what.find("cudaErrorMemoryAllocation") != std::string::npos;
-            records[idx] = unrun(e->kernel, e->mode, e->gpu, oom ? "skipped" : "failed",
-                                 oom ? "does not fit in GPU memory: " + what : what);
-            any_failed = any_failed || !oom;
-          }
-        }
-      } catch (const Error& err) {  // the session itself (stream, flush buffer) could not be set up
-        const bool input = dynamic_cast<const InputError*>(&err) != nullptr;
-        for (const auto& [e, idx] : planned)
-          records[idx] = unrun(e->kernel, e->mode, e->gpu, input ? "skipped" : "failed", err.what());
-        any_failed = any_failed || !input;
-      }
-    }
+    const std::vector<RunRecord> records = run_point(pt, prob, &cx);
 
     ReportHeader hdr = base;
     hdr.problem = prob;
@@ -282,7 +306,7 @@ int run_sweep(const AppOptions& opt) {
     for (const std::string& l : table) out += l + "\n";
     std::fputs(out.c_str(), human);
   }
-  return exit_code(any_failed, any_check_failed);
+  return exit_code(cx.any_failed, cx.any_check_failed);
 }
 
 }  // namespace flashattn
