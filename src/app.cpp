@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -194,6 +195,47 @@ DType choose_dtype(const AppOptions& opt, const Dataset& ds, const std::vector<s
     notes->push_back(fmt::format("inputs are {}; computing in {} (converted once, round to nearest)",
                                  dtype_name(ds.dtype), dtype_name(dtype)));
   return dtype;
+}
+
+// --dtype auto: a kernel's own dtype, from the dtypes its requested modes all take (else any of
+// them): the input's if it takes it (fp32 for fp64 input), else bf16, fp16, fp32.
+DType natural_dtype(const std::string& k, const std::vector<Mode>& modes, DType input) {
+  uint32_t every = ~0u, some = 0;
+  for (Mode m : modes)
+    if (const KernelMode* e = Registry::find(k, m)) every &= e->dtypes, some |= e->dtypes;
+  const uint32_t mask = every != ~0u && every != 0 ? every : some;
+  const DType fallback = input == DType::F64 ? DType::F32 : input;
+  for (DType t : {input, fallback, DType::BF16, DType::F16, DType::F32})
+    if (mask & dtype_bit(t)) return t;
+  return fallback;  // it takes none of them: its plan says why
+}
+
+// The kernels of one compute dtype, their problem and their plan.
+struct DtypeGroup {
+  DType dtype = DType::F32;
+  std::vector<std::string> kernels;
+  Problem prob;
+  std::vector<Planned> plan;
+};
+
+std::vector<DtypeGroup> dtype_groups(const AppOptions& opt, const Dataset& ds, const std::vector<std::string>& kernels,
+                                     const std::vector<Mode>& modes, std::vector<std::string>* notes) {
+  if (opt.dtype != "auto") return {DtypeGroup{choose_dtype(opt, ds, kernels, modes, notes), kernels, {}, {}}};
+  std::vector<DtypeGroup> groups;
+  for (const std::string& k : kernels) {
+    const DType t = natural_dtype(k, modes, ds.dtype);
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const DtypeGroup& x) { return x.dtype == t; });
+    if (g == groups.end()) g = groups.insert(groups.end(), DtypeGroup{t, {}, {}, {}});
+    g->kernels.push_back(k);
+  }
+  for (const DtypeGroup& g : groups) {
+    if (g.dtype == ds.dtype) continue;
+    std::string names;
+    for (const std::string& k : g.kernels) names += (names.empty() ? "" : ", ") + k;
+    notes->push_back(fmt::format("inputs are {}; computing in {} for {} (--dtype auto; converted once, round to nearest)",
+                                 dtype_name(ds.dtype), dtype_name(g.dtype), names));
+  }
+  return groups;
 }
 
 // Whether any (kernel, mode) of the run is a GPU kernel (then a device is looked for).
@@ -410,21 +452,23 @@ int run_forward_backward(const AppOptions& opt) {
   }
   check_inputs_finite(ds, modes, opt.allow_nonfinite, &notes);
 
-  Problem prob;
-  prob.dims = ds.dims;
-  prob.dtype = choose_dtype(opt, ds, kernels, modes, &notes);
-  prob.layout = ds.layout;
-  prob.scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(double(ds.dims.D));
-  prob.causal = opt.causal;
-  prob.window_left = window_left;
-  prob.window_right = window_right;
-  prob.has_padding = ds.seqlens_k.has_value();
-  prob.has_mask = ds.mask.has_value();
-
+  // The compute dtypes: one (--dtype, else the input's) or, with --dtype auto, each kernel's
+  // own; the kernels of one dtype share a session. Every plan is made before anything runs, so a
+  // kernel named explicitly that cannot run fails the command before any work.
+  std::vector<DtypeGroup> groups = dtype_groups(opt, ds, kernels, modes, &notes);
   const DeviceChoice dev = pick_device(opt.device, wants_gpu(kernels, modes));
-  const std::vector<Planned> plan = make_plan(kernels, modes, all, prob, dev);
-  bool generated_dout = false;
-  RunInputs in = make_inputs(opt, ds, modes, prob, &notes, &generated_dout);
+  for (DtypeGroup& g : groups) {
+    g.prob.dims = ds.dims;
+    g.prob.dtype = g.dtype;
+    g.prob.layout = ds.layout;
+    g.prob.scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(double(ds.dims.D));
+    g.prob.causal = opt.causal;
+    g.prob.window_left = window_left;
+    g.prob.window_right = window_right;
+    g.prob.has_padding = ds.seqlens_k.has_value();
+    g.prob.has_mask = ds.mask.has_value();
+    g.plan = make_plan(g.kernels, modes, all, g.prob, dev);
+  }
 
   SessionOptions so;
   so.device = dev.device;
@@ -435,32 +479,50 @@ int run_forward_backward(const AppOptions& opt) {
   so.deterministic = opt.deterministic;
   so.cpu_threads = opt.threads;
   so.seed = opt.seed;
-  for (const std::string& n : notes) con.note(n);
-  Session session(std::move(in), so);
-
   ReportHeader hdr;
   hdr.command_line = opt.command_line;
   hdr.started_at = started;
-  hdr.device = session.device();
   hdr.no_device_reason = dev.device < 0 ? (dev.wants_gpu ? dev.no_device : "not used (host kernels only)") : "";
   hdr.data_dir = opt.data;
   hdr.data_format = ds.source;
   hdr.input_dtype = dtype_name(ds.dtype);
-  hdr.problem = prob;
-  hdr.has_mask = prob.has_mask;
-  hdr.has_seqlens = prob.has_padding;
-  hdr.generated_dout = generated_dout;
+  hdr.has_mask = ds.mask.has_value();
+  hdr.has_seqlens = ds.seqlens_k.has_value();
   hdr.timing = so.timing;
   hdr.cpu_threads = opt.threads;
-  note_device_state(&hdr, dev.device, &con);
-  if (opt.ceilings && hdr.device) hdr.ceilings = ceilings_json(measure_ceilings(dev.device, so.timing));
-  if (!opt.quiet) con.print(run_title(prob, hdr));
 
-  const Outcome run = run_plan(plan, session, all);
+  std::optional<DeviceInfo> device_info;  // the header points here, past each group's session
+  std::set<std::string> printed;
+  Outcome all_runs;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    const DtypeGroup& g = groups[gi];
+    bool generated_dout = false;
+    RunInputs in = make_inputs(opt, ds, modes, g.prob, &notes, &generated_dout);
+    for (const std::string& n : notes)
+      if (printed.insert(n).second) con.note(n);  // each group's dO note is the same
+    notes.clear();
+    // One group's session at a time: its device buffers go before the next group's arrive.
+    Session session(std::move(in), so);
+    hdr.problem = g.prob;
+    hdr.generated_dout = generated_dout;
+    if (gi == 0) {
+      if (session.device()) device_info = *session.device();
+      hdr.device = device_info ? &*device_info : nullptr;
+      note_device_state(&hdr, dev.device, &con);
+      if (opt.ceilings && hdr.device) hdr.ceilings = ceilings_json(measure_ceilings(dev.device, so.timing));
+    }
+    if (!opt.quiet) con.print(run_title(g.prob, hdr));
+    Outcome run = run_plan(g.plan, session, all);
+    if (groups.size() > 1)
+      for (RunRecord& r : run.records) r.dtype = g.dtype;
+    if (!opt.no_write) write_outputs(run.records, ds, session, hdr, generated_dout, out_dir_for, con);
+    for (RunRecord& r : run.records) all_runs.records.push_back(std::move(r));
+    all_runs.any_failed = all_runs.any_failed || run.any_failed;
+    all_runs.any_check_failed = all_runs.any_check_failed || run.any_check_failed;
+  }
   if (hdr.device) hdr.sm_clock_end_mhz = nvml_sm_clock_mhz(*hdr.device);
-  if (!opt.no_write) write_outputs(run.records, ds, session, hdr, generated_dout, out_dir_for, con);
-  report(opt, hdr, run.records, con);
-  return exit_code(run.any_failed, run.any_check_failed);
+  report(opt, hdr, all_runs.records, con);
+  return exit_code(all_runs.any_failed, all_runs.any_check_failed);
 }
 
 }  // namespace

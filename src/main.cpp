@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
   app.add_flag("--causal", opt.causal, "Causal mask, bottom-right aligned: query i sees keys j <= i + S_k - S_q");
   app.add_option("--window", opt.window, "Sliding window LEFT,RIGHT (-1 = unbounded)");
   app.add_option("--scale", opt.scale, "Softmax scale (default 1/sqrt(D))");
-  app.add_option("--dtype", opt.dtype, "Compute dtype fp32 | fp16 | bf16 (| fp64 for cpu); default: the input's");
+  app.add_option("--dtype", opt.dtype, "Compute dtype fp32 | fp16 | bf16 (| fp64 for cpu) | auto (each kernel its own: the input's if it takes it, else bf16, fp16, fp32); default: the input's");
   app.add_option("--layout", opt.layout, "Layout of the files: bhsd | bshd (default: meta.json's, else bhsd)");
   app.add_option("--warmup", opt.warmup, "Untimed repetitions before timing")
       ->capture_default_str()

@@ -139,7 +139,7 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
             {"gpu", r.gpu},
             {"shape", {{"B", p.dims.B}, {"H", p.dims.H}, {"H_kv", p.dims.H_kv}, {"S_q", p.dims.S_q},
                        {"S_k", p.dims.S_k}, {"D", p.dims.D}}},
-            {"dtype", dtype_name(p.dtype)},
+            {"dtype", dtype_name(r.dtype ? *r.dtype : p.dtype)},
             {"layout", layout_name(p.layout)},
             {"flags", {{"causal", p.causal},
                        {"window_left", p.window_left},
@@ -222,14 +222,19 @@ std::string fmt_err(const RunRecord& r) {
 }  // namespace
 
 std::string render_table(const std::vector<RunRecord>& runs, const std::string& baseline, bool with_check) {
-  std::string out = fmt::format("{:<10} {:<8} {:>10} {:>7} {:>9} {:>9} {:>9} {:>8}", "kernel", "mode", "median ms",
+  // Runs in several dtypes (--dtype auto) name theirs next to the kernel.
+  bool mixed = false;
+  for (const RunRecord& r : runs) mixed = mixed || (r.dtype && runs.front().dtype && *r.dtype != *runs.front().dtype);
+  const int w = mixed ? 12 : 10;
+  auto label = [&](const RunRecord& r) { return mixed && r.dtype ? r.kernel + " " + dtype_name(*r.dtype) : r.kernel; };
+  std::string out = fmt::format("{:<{}} {:<8} {:>10} {:>7} {:>9} {:>9} {:>9} {:>8}", "kernel", w, "mode", "median ms",
                                 "noise", "TFLOP/s", "GB/s", "peak mem", "speedup");
   if (with_check) out += fmt::format("  {:<20}", "max error (check)");
   out += "\n";
   std::string notes;
   for (const RunRecord& r : runs) {
     if (r.status != "ok") {
-      out += fmt::format("{:<10} {:<8} {}: {}\n", r.kernel, mode_name(r.mode), r.status, r.reason);
+      out += fmt::format("{:<{}} {:<8} {}: {}\n", label(r), w, mode_name(r.mode), r.status, r.reason);
       continue;
     }
     std::string speedup = "-";
@@ -242,7 +247,7 @@ std::string render_table(const std::vector<RunRecord>& runs, const std::string& 
     if (r.timing.clock.throttled) flag += "T";
     const std::string noise = fmt::format("{:.1f}%{}", 100 * r.timing.rel_stddev, flag);
     const std::string mem = r.memory.peak_bytes ? fmt_bytes(double(r.memory.peak_bytes)) : "-";
-    out += fmt::format("{:<10} {:<8} {:>10} {:>7} {:>9.2f} {:>9.1f} {:>9} {:>8}", r.kernel, mode_name(r.mode),
+    out += fmt::format("{:<{}} {:<8} {:>10} {:>7} {:>9.2f} {:>9.1f} {:>9} {:>8}", label(r), w, mode_name(r.mode),
                        fmt_ms(r.timing.median_ms), noise, r.tflops, r.gbps, mem, speedup);
     if (with_check) out += "  " + fmt_err(r);
     out += "\n";

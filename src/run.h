@@ -66,6 +66,9 @@ struct RunRecord {
   KernelOutputs outputs;
   int sm_clock_start_mhz = -1, sm_clock_end_mhz = -1;
   std::vector<std::string> notes;
+  // The compute dtype of this run where a session mixes dtypes (--dtype auto); else the
+  // problem's.
+  std::optional<DType> dtype;
 };
 
 // "" when `entry` can run problem `p` on a device of compute capability `sm` (0: no GPU); else a

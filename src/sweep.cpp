@@ -184,6 +184,7 @@ std::vector<RunRecord> run_point(const SweepPoint& pt, const Problem& prob, Swee
 int run_sweep(const AppOptions& opt) {
   if (!opt.data.empty()) throw InputError("--sweep: generates its inputs from --seed; drop --data");
   if (!opt.out.empty()) throw InputError("--sweep: writes no data files; drop --out");
+  if (opt.dtype == "auto") throw InputError("--dtype auto: not with --sweep (the preset or --dtype names one dtype)");
   SweepDefaults cli;
   cli.dtype = opt.dtype;
   cli.mode = opt.mode;
