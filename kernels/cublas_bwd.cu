@@ -323,6 +323,7 @@ void run(const BwdParams& p, const LaunchContext& ctx) {
 KernelMode make_entry() {
   KernelMode m;
   m.kernel = "cublas";
+  m.role = KernelRole::Baseline;
   m.mode = Mode::Backward;
   m.summary = "standard attention backward: cuBLAS batched GEMMs + one fused dsoftmax kernel";
   m.rung = 2;

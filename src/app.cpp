@@ -369,13 +369,15 @@ void write_outputs(const std::vector<RunRecord>& records, const Dataset& ds, con
   }
 }
 
-// The table (speedups against --baseline, else cublas, else the first GPU kernel that ran), the
-// check details, and the session JSON.
+// The table (speedups against --baseline, else the registry's baseline kernel (cublas), else the
+// first GPU kernel that ran), the check details, and the session JSON.
 void report(const AppOptions& opt, const ReportHeader& hdr, const std::vector<RunRecord>& records, const Console& con) {
   std::string baseline = opt.baseline;
   if (baseline.empty()) {
-    for (const RunRecord& r : records)
-      if (r.kernel == "cublas" && r.status == "ok") baseline = "cublas";
+    for (const RunRecord& r : records) {
+      const KernelMode* e = Registry::find(r.kernel, r.mode);
+      if (baseline.empty() && e && e->role == KernelRole::Baseline && r.status == "ok") baseline = r.kernel;
+    }
     for (const RunRecord& r : records)
       if (baseline.empty() && r.gpu && r.status == "ok") baseline = r.kernel;
   }

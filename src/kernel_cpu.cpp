@@ -177,6 +177,7 @@ void run_decode(const DecodeParams& p, const LaunchContext& ctx) {
 KernelMode base_entry(Mode mode) {
   KernelMode m;
   m.kernel = "cpu";
+  m.role = KernelRole::Reference;
   m.mode = mode;
   m.summary = "fp64 CPU reference (the oracle): every feature, forward, backward and decode, multi-threaded";
   m.rung = 0;

@@ -35,7 +35,11 @@ std::string list_kernels(bool as_json) {
   if (as_json) {
     nlohmann::json arr = nlohmann::json::array();
     for (const KernelMode* e : entries) {
+      const char* role = e->role == KernelRole::Reference ? "reference"
+                         : e->role == KernelRole::Baseline ? "baseline"
+                                                           : "kernel";
       arr.push_back({{"kernel", e->kernel},
+                     {"role", role},
                      {"mode", mode_name(e->mode)},
                      {"summary", e->summary},
                      {"rung", e->rung},

@@ -47,8 +47,13 @@ using DecodeWorkspaceFn = size_t (*)(const DecodeParams&);
 // own choice when num_splits is 0); null means the kernel does not split (1).
 using DecodeSplitsFn = int (*)(const DecodeParams&);
 
+// What the driver uses a kernel for besides running it: the fp64 oracle (its fp64 run is the
+// reference, not checked against itself), or the default baseline of the speedup column.
+enum class KernelRole : uint8_t { Kernel = 0, Reference = 1, Baseline = 2 };
+
 struct KernelMode {
   std::string kernel;   // name used by --compute, e.g. "naive"
+  KernelRole role = KernelRole::Kernel;
   Mode mode = Mode::Forward;
   std::string summary;  // one line for --list
   int rung = 0;         // position on the ladder: orders --list, `all` and tables
