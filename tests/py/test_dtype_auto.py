@@ -19,7 +19,19 @@ def run(*args):
     return subprocess.run([str(FLASHATTN), *map(str, args)], capture_output=True, text=True, timeout=120)
 
 
-def test_auto_runs_each_kernel_in_its_own_dtype(qkv_dir, tmp_path):
+def small_problem(tmp_path, dtype, D):
+    """Q, K, V [1, 2, 8, D] as .npy in tmp_path/data."""
+    d = tmp_path / "data"
+    d.mkdir()
+    rng = np.random.default_rng(1)
+    for name in ("Q", "K", "V"):
+        np.save(d / f"{name}.npy", rng.standard_normal((1, 2, 8, D)).astype(dtype))
+    return d
+
+
+def test_auto_runs_each_kernel_in_its_own_dtype(tmp_path):
+    # D = 32: a head dim every kernel takes, so on a GPU all three run.
+    qkv_dir = small_problem(tmp_path, np.float32, 32)
     out = tmp_path / "s.json"
     p = run("--compute", "cpu,naive,mma", "--mode", "forward", "--data", qkv_dir, "--dtype", "auto", "--check",
             "--no-write", "--json", out)
@@ -37,11 +49,7 @@ def test_auto_runs_each_kernel_in_its_own_dtype(qkv_dir, tmp_path):
 
 
 def test_auto_keeps_a_low_precision_input_for_every_kernel_that_takes_it(tmp_path):
-    d = tmp_path / "data"
-    d.mkdir()
-    rng = np.random.default_rng(1)
-    for name in ("Q", "K", "V"):
-        np.save(d / f"{name}.npy", rng.standard_normal((1, 2, 8, 4)).astype(ml_dtypes.bfloat16))
+    d = small_problem(tmp_path, ml_dtypes.bfloat16, 4)
     out = tmp_path / "s.json"
     p = run("--compute", "cpu", "--mode", "forward", "--data", d, "--dtype", "auto", "--no-write", "--json", out)
     assert p.returncode == 0, p.stderr
