@@ -320,7 +320,7 @@ Outcome run_plan(const std::vector<Planned>& plan, Session& session, bool all) {
   Outcome out;
   for (const Planned& p : plan) {
     if (!p.skip_reason.empty()) {
-      out.records.push_back(not_run(*p.entry, p.entry->mode, "skipped", p.skip_reason));
+      out.records.push_back(not_run(*p.entry, p.entry->mode, RunStatus::Skipped, p.skip_reason));
       continue;
     }
     try {
@@ -329,10 +329,10 @@ Outcome run_plan(const std::vector<Planned>& plan, Session& session, bool all) {
       out.records.push_back(std::move(r));
     } catch (const InputError& e) {
       if (!all) throw;
-      out.records.push_back(not_run(*p.entry, p.entry->mode, "skipped", e.what()));
+      out.records.push_back(not_run(*p.entry, p.entry->mode, RunStatus::Skipped, e.what()));
     } catch (const RuntimeError& e) {
       std::fprintf(stderr, "error: %s\n", e.what());
-      out.records.push_back(not_run(*p.entry, p.entry->mode, "failed", e.what()));
+      out.records.push_back(not_run(*p.entry, p.entry->mode, RunStatus::Failed, e.what()));
       out.any_failed = true;
     }
   }
@@ -346,7 +346,7 @@ void write_outputs(const std::vector<RunRecord>& records, const Dataset& ds, con
                    const ReportHeader& hdr, bool generated_dout, const OutDir& out_dir_for, const Console& con) {
   std::vector<std::string> ran;
   for (const RunRecord& r : records)
-    if (r.status == "ok" && std::find(ran.begin(), ran.end(), r.kernel) == ran.end()) ran.push_back(r.kernel);
+    if (r.ok() && std::find(ran.begin(), ran.end(), r.kernel) == ran.end()) ran.push_back(r.kernel);
   for (const std::string& k : ran) {
     const std::string dir = out_dir_for(k);
     OutputWriter w(dir, ds.format, ds.layout, ds.input_paths);
@@ -354,7 +354,7 @@ void write_outputs(const std::vector<RunRecord>& records, const Dataset& ds, con
     for (const RunRecord& r : records) {
       if (r.kernel != k) continue;
       mine.push_back(r);
-      if (r.status != "ok") continue;
+      if (!r.ok()) continue;
       const KernelOutputs& o = r.outputs;
       if (o.o) w.add("O", *o.o);
       if (o.lse) w.add("lse", *o.lse);
@@ -376,10 +376,10 @@ void report(const AppOptions& opt, const ReportHeader& hdr, const std::vector<Ru
   if (baseline.empty()) {
     for (const RunRecord& r : records) {
       const KernelMode* e = Registry::find(r.kernel, r.mode);
-      if (baseline.empty() && e && e->role == KernelRole::Baseline && r.status == "ok") baseline = r.kernel;
+      if (baseline.empty() && e && e->role == KernelRole::Baseline && r.ok()) baseline = r.kernel;
     }
     for (const RunRecord& r : records)
-      if (baseline.empty() && r.gpu && r.status == "ok") baseline = r.kernel;
+      if (baseline.empty() && r.gpu && r.ok()) baseline = r.kernel;
   }
   if (!opt.quiet || opt.json != "-") {
     con.print(render_table(records, baseline, opt.check));

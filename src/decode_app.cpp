@@ -211,13 +211,13 @@ DecodeOutcome run_decode_plan(const AppOptions& opt, const std::vector<const Ker
   DecodeOutcome out;
   for (size_t k = 0; k < plan.size(); ++k) {
     const KernelMode& e = *plan[k];
-    auto skipped = [&](const char* status, const std::string& reason) {
+    auto skipped = [&](RunStatus status, const std::string& reason) {
       out.records.push_back(not_run(e, Mode::Decode, status, reason));
       out.extras.push_back(nullptr);
       out.decoded.emplace_back();
     };
     if (!skip[k].empty()) {
-      skipped("skipped", skip[k]);
+      skipped(RunStatus::Skipped, skip[k]);
       continue;
     }
     try {
@@ -261,10 +261,10 @@ DecodeOutcome run_decode_plan(const AppOptions& opt, const std::vector<const Ker
       out.decoded.push_back(std::move(dr));
     } catch (const InputError& err) {
       if (!all) throw;
-      skipped("skipped", err.what());
+      skipped(RunStatus::Skipped, err.what());
     } catch (const RuntimeError& err) {
       std::fprintf(stderr, "error: %s\n", err.what());
-      skipped("failed", err.what());
+      skipped(RunStatus::Failed, err.what());
       out.any_failed = true;
     }
   }
@@ -286,7 +286,7 @@ void decode_report(const AppOptions& opt, const ReportHeader& hdr, const DecodeO
   std::string baseline = opt.baseline;
   if (baseline.empty())
     for (const RunRecord& r : run.records)
-      if (baseline.empty() && r.status == "ok") baseline = r.kernel;
+      if (baseline.empty() && r.ok()) baseline = r.kernel;
   if (!opt.quiet || opt.json != "-") {
     con.print(render_table(run.records, baseline, opt.check));
     for (const std::string& l : run.lines) con.print(l + "\n");
@@ -383,7 +383,7 @@ int run_decode(const AppOptions& opt) {
   if (hdr.device) hdr.sm_clock_end_mhz = nvml_sm_clock_mhz(*hdr.device);
   if (!opt.no_write && opt.steps == 0) {
     for (size_t k = 0; k < run.records.size(); ++k) {
-      if (run.records[k].status != "ok") continue;
+      if (!run.records[k].ok()) continue;
       const std::string dir = out_dir_for(run.records[k].kernel);
       OutputWriter w(dir, ds.format, Layout::BHSD, ds.input_paths);
       const KernelOutputs& o = run.records[k].outputs;

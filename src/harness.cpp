@@ -42,7 +42,16 @@ void note_device_state(ReportHeader* hdr, int device, const Console* con) {
   }
 }
 
-RunRecord not_run(const KernelMode& e, Mode mode, const char* status, const std::string& reason) {
+const char* status_name(RunStatus s) {
+  switch (s) {
+    case RunStatus::Ok: return "ok";
+    case RunStatus::Skipped: return "skipped";
+    case RunStatus::Failed: return "failed";
+  }
+  return "?";
+}
+
+RunRecord not_run(const KernelMode& e, Mode mode, RunStatus status, const std::string& reason) {
   RunRecord r;
   r.kernel = e.kernel;
   r.mode = mode;

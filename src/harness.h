@@ -40,8 +40,8 @@ DeviceChoice pick_device(int requested, bool wants_gpu);
 // warning, also noted on `con` where one is given). Nothing without a device.
 void note_device_state(ReportHeader* hdr, int device, const Console* con = nullptr);
 
-// A record for a (kernel, mode) that did not run: status "skipped" or "failed", and why.
-RunRecord not_run(const KernelMode& e, Mode mode, const char* status, const std::string& reason);
+// A record for a (kernel, mode) that did not run (skipped) or failed, and why.
+RunRecord not_run(const KernelMode& e, Mode mode, RunStatus status, const std::string& reason);
 
 // The session JSON as written everywhere: two-space indent, invalid UTF-8 replaced, a newline.
 std::string json_text(const nlohmann::json& doc);

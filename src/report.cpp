@@ -134,7 +134,7 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
   const Problem& p = h.problem;
   json j = {{"kernel", r.kernel},
             {"mode", mode_name(r.mode)},
-            {"status", r.status},
+            {"status", status_name(r.status)},
             {"reason", r.reason},
             {"gpu", r.gpu},
             {"shape", {{"B", p.dims.B}, {"H", p.dims.H}, {"H_kv", p.dims.H_kv}, {"S_q", p.dims.S_q},
@@ -147,7 +147,7 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
                        {"scale", p.scale},
                        {"seqlens_k", h.has_seqlens},
                        {"mask", h.has_mask}}}};
-  if (r.status != "ok") return j;
+  if (!r.ok()) return j;
   j["timing"] = timing_json(r.timing, r.sm_clock_start_mhz, r.sm_clock_end_mhz);
   j["throughput"] = {{"flops", num(r.flops)},
                      {"tflops", num(r.tflops)},
@@ -233,13 +233,13 @@ std::string render_table(const std::vector<RunRecord>& runs, const std::string& 
   out += "\n";
   std::string notes;
   for (const RunRecord& r : runs) {
-    if (r.status != "ok") {
-      out += fmt::format("{:<{}} {:<8} {}: {}\n", label(r), w, mode_name(r.mode), r.status, r.reason);
+    if (!r.ok()) {
+      out += fmt::format("{:<{}} {:<8} {}: {}\n", label(r), w, mode_name(r.mode), status_name(r.status), r.reason);
       continue;
     }
     std::string speedup = "-";
     for (const RunRecord& b : runs) {
-      if (b.kernel == baseline && b.mode == r.mode && b.status == "ok" && r.timing.median_ms > 0)
+      if (b.kernel == baseline && b.mode == r.mode && b.ok() && r.timing.median_ms > 0)
         speedup = fmt::format("{:.2f}x", b.timing.median_ms / r.timing.median_ms);
     }
     // '*': the noise rule was not met; 'T': the SM clock was throttled during timing.

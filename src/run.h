@@ -51,11 +51,20 @@ struct MemoryStats {
   long long device_used_bytes = -1;  // cudaMemGetInfo growth since the session started (GPU only)
 };
 
+// What became of one (kernel, mode) of a run. The report and the JSON spell it status_name().
+enum class RunStatus {
+  Ok,
+  Skipped,  // not run, with a reason: unsupported, no GPU, too little memory, refused input
+  Failed,   // ran and threw, with the reason
+};
+const char* status_name(RunStatus s);  // "ok", "skipped", "failed"
+
 struct RunRecord {
   std::string kernel;
   Mode mode = Mode::Forward;
   bool gpu = true;
-  std::string status = "ok";  // "ok", "skipped" (with reason), "failed" (with reason)
+  RunStatus status = RunStatus::Ok;
+  bool ok() const { return status == RunStatus::Ok; }
   std::string reason;
   TimingStats timing;
   double flops = 0, bytes = 0;

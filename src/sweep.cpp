@@ -52,7 +52,7 @@ std::string point_title(const Problem& p) {
 
 std::string run_summary(const RunRecord& r) {
   const std::string who = fmt::format("{} {}", r.kernel, r.mode == Mode::Forward ? "fwd" : "bwd");
-  if (r.status != "ok") return fmt::format("{} {}", who, r.status);
+  if (!r.ok()) return fmt::format("{} {}", who, status_name(r.status));
   return fmt::format("{} {:.3g} ms {:.1f} TFLOP/s{}", who, r.timing.median_ms, r.tflops,
                      r.timing.noise_rule == 0 ? " (noisy)" : "");
 }
@@ -71,7 +71,7 @@ std::vector<std::string> gpu_kernels() {
   return out;
 }
 
-RunRecord unrun(const std::string& kernel, Mode m, bool gpu, const std::string& status, const std::string& reason) {
+RunRecord unrun(const std::string& kernel, Mode m, bool gpu, RunStatus status, const std::string& reason) {
   RunRecord r;
   r.kernel = kernel, r.mode = m, r.gpu = gpu, r.status = status, r.reason = reason;
   return r;
@@ -128,12 +128,12 @@ std::vector<RunRecord> run_point(const SweepPoint& pt, const Problem& prob, Swee
     for (Mode m : pt.modes) {
       const KernelMode* e = Registry::find(k, m);
       if (!e) {
-        records.push_back(unrun(k, m, true, "skipped", fmt::format("kernel '{}' has no {} pass", k, mode_name(m))));
+        records.push_back(unrun(k, m, true, RunStatus::Skipped, fmt::format("kernel '{}' has no {} pass", k, mode_name(m))));
         continue;
       }
       std::string why = e->gpu && cx->dev.device < 0 ? "no GPU: " + cx->dev.no_device
                                                       : why_unsupported(*e, prob, cx->info ? cx->info->sm() : 0);
-      records.push_back(unrun(k, m, e->gpu, why.empty() ? "ok" : "skipped", why));
+      records.push_back(unrun(k, m, e->gpu, why.empty() ? RunStatus::Ok : RunStatus::Skipped, why));
       if (why.empty()) planned.emplace_back(e, records.size() - 1);
     }
   }
@@ -159,13 +159,13 @@ std::vector<RunRecord> run_point(const SweepPoint& pt, const Problem& prob, Swee
         records[idx] = session.run(*e);
         if (records[idx].check.performed && !records[idx].check.passed) cx->any_check_failed = true;
       } catch (const InputError& err) {  // e.g. does not fit in GPU memory
-        records[idx] = unrun(e->kernel, e->mode, e->gpu, "skipped", err.what());
+        records[idx] = unrun(e->kernel, e->mode, e->gpu, RunStatus::Skipped, err.what());
       } catch (const RuntimeError& err) {
         // An allocation the memory estimate missed is "does not fit", not a failure (and not
         // sticky: the sweep goes on).
         const std::string what = err.what();
         const bool oom = what.find("cudaErrorMemoryAllocation") != std::string::npos;
-        records[idx] = unrun(e->kernel, e->mode, e->gpu, oom ? "skipped" : "failed",
+        records[idx] = unrun(e->kernel, e->mode, e->gpu, oom ? RunStatus::Skipped : RunStatus::Failed,
                              oom ? "does not fit in GPU memory: " + what : what);
         cx->any_failed = cx->any_failed || !oom;
       }
@@ -173,7 +173,7 @@ std::vector<RunRecord> run_point(const SweepPoint& pt, const Problem& prob, Swee
   } catch (const Error& err) {  // the session itself (stream, flush buffer) could not be set up
     const bool input = dynamic_cast<const InputError*>(&err) != nullptr;
     for (const auto& [e, idx] : planned)
-      records[idx] = unrun(e->kernel, e->mode, e->gpu, input ? "skipped" : "failed", err.what());
+      records[idx] = unrun(e->kernel, e->mode, e->gpu, input ? RunStatus::Skipped : RunStatus::Failed, err.what());
     cx->any_failed = cx->any_failed || !input;
   }
   return records;
@@ -285,9 +285,9 @@ int run_sweep(const AppOptions& opt) {
     line += fmt::format(" | {} elapsed, ETA {}", duration_str(elapsed), duration_str(eta));
     if (!opt.quiet) std::fprintf(stderr, "%s\n", line.c_str());
     for (const RunRecord& r : records) {
-      const std::string res = r.status == "ok"
+      const std::string res = r.ok()
           ? fmt::format("{:>10.4f} {:>9.2f} {:>10.1f}", r.timing.median_ms, r.tflops, r.memory.peak_bytes / 1048576.0)
-          : fmt::format("{}: {}", r.status, r.reason);
+          : fmt::format("{}: {}", status_name(r.status), r.reason);
       table.push_back(fmt::format("{:<32} {:<10} {:<8} {}", point_title(prob), r.kernel, mode_name(r.mode), res));
     }
   }
