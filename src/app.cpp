@@ -38,32 +38,6 @@ namespace {
 // minutes); naming it explicitly always runs it.
 constexpr double kCpuAllFlopLimit = 2e11;
 
-std::vector<Mode> parse_modes(const std::string& m) {
-  if (m == "forward") return {Mode::Forward};
-  if (m == "backward") return {Mode::Backward};
-  if (m == "both") return {Mode::Forward, Mode::Backward};
-  throw InputError("--mode: '" + m + "' is not one of forward, backward, both, decode");
-}
-
-void parse_window(const std::string& w, int* left, int* right) {
-  *left = *right = -1;
-  if (w.empty()) return;
-  const size_t comma = w.find(',');
-  auto bad = [&] { return InputError("--window: '" + w + "' is not LEFT,RIGHT with integers >= -1 (-1 = unbounded)"); };
-  if (comma == std::string::npos) throw bad();
-  try {
-    size_t used = 0;
-    *left = std::stoi(w.substr(0, comma), &used);
-    if (used != comma) throw bad();
-    const std::string r = w.substr(comma + 1);
-    *right = std::stoi(r, &used);
-    if (used != r.size()) throw bad();
-  } catch (const std::logic_error&) {
-    throw bad();
-  }
-  if (*left < -1 || *right < -1) throw bad();
-}
-
 std::string known_kernels() {
   std::string s;
   for (const std::string& n : Registry::kernel_names()) s += (s.empty() ? "" : ", ") + n;
@@ -177,13 +151,13 @@ std::vector<std::string> select_kernels(const AppOptions& opt, bool all) {
   return kernels;
 }
 
-// Compute dtype: --dtype, else the input's; fp64 inputs go to fp32 unless every kernel takes fp64.
+// Compute dtype: --dtype's one dtype, else the input's; fp64 inputs go to fp32 unless every kernel
+// takes fp64.
 DType choose_dtype(const AppOptions& opt, const Dataset& ds, const std::vector<std::string>& kernels,
                    const std::vector<Mode>& modes, std::vector<std::string>* notes) {
   DType dtype = ds.dtype;
-  if (!opt.dtype.empty()) {
-    if (!parse_dtype(opt.dtype, &dtype) || !dtype_is_float(dtype))
-      throw InputError("--dtype: '" + opt.dtype + "' is not one of fp32, fp16, bf16, fp64");
+  if (opt.dtype.one()) {
+    dtype = opt.dtype.list[0];
   } else if (ds.dtype == DType::F64) {
     bool all_f64 = true;
     for (const std::string& k : kernels)
@@ -220,20 +194,39 @@ struct DtypeGroup {
 
 std::vector<DtypeGroup> dtype_groups(const AppOptions& opt, const Dataset& ds, const std::vector<std::string>& kernels,
                                      const std::vector<Mode>& modes, std::vector<std::string>* notes) {
-  if (opt.dtype != "auto") return {DtypeGroup{choose_dtype(opt, ds, kernels, modes, notes), kernels, {}, {}}};
+  const bool auto_dtype = opt.dtype.kind == DtypeChoice::Kind::Auto;
+  if (!auto_dtype && !(opt.dtype.is_list() && opt.dtype.list.size() > 1))
+    return {DtypeGroup{choose_dtype(opt, ds, kernels, modes, notes), kernels, {}, {}}};
   std::vector<DtypeGroup> groups;
-  for (const std::string& k : kernels) {
-    const DType t = natural_dtype(k, modes, ds.dtype);
+  auto add = [&](DType t, const std::string& k) {
     auto g = std::find_if(groups.begin(), groups.end(), [&](const DtypeGroup& x) { return x.dtype == t; });
     if (g == groups.end()) g = groups.insert(groups.end(), DtypeGroup{t, {}, {}, {}});
     g->kernels.push_back(k);
+  };
+  if (auto_dtype) {
+    for (const std::string& k : kernels) add(natural_dtype(k, modes, ds.dtype), k);
+  } else {
+    // A list: groups in the listed order; each kernel in every listed dtype one of its requested
+    // passes takes, and one that takes none of them in the first (where its plan says why).
+    for (DType t : opt.dtype.list) groups.push_back(DtypeGroup{t, {}, {}, {}});
+    for (const std::string& k : kernels) {
+      uint32_t takes = 0;
+      for (Mode m : modes)
+        if (const KernelMode* e = Registry::find(k, m)) takes |= e->dtypes;
+      bool any = false;
+      for (DType t : opt.dtype.list)
+        if (takes & dtype_bit(t)) add(t, k), any = true;
+      if (!any) add(opt.dtype.list[0], k);
+    }
+    groups.erase(std::remove_if(groups.begin(), groups.end(), [](const DtypeGroup& g) { return g.kernels.empty(); }),
+                 groups.end());
   }
   for (const DtypeGroup& g : groups) {
     if (g.dtype == ds.dtype) continue;
     std::string names;
     for (const std::string& k : g.kernels) names += (names.empty() ? "" : ", ") + k;
-    notes->push_back(fmt::format("inputs are {}; computing in {} for {} (--dtype auto; converted once, round to nearest)",
-                                 dtype_name(ds.dtype), dtype_name(g.dtype), names));
+    notes->push_back(fmt::format("inputs are {}; computing in {} for {} (--dtype {}; converted once, round to nearest)",
+                                 dtype_name(ds.dtype), dtype_name(g.dtype), names, opt.dtype.text()));
   }
   return groups;
 }
@@ -405,18 +398,6 @@ std::string run_title(const Problem& prob, const ReportHeader& hdr) {
   return title + "\n";
 }
 
-// The numeric options, checked before anything is read.
-void check_run_options(const AppOptions& opt) {
-  if (opt.warmup < 0) throw InputError("--warmup: must be >= 0");
-  if (opt.repeat < 1) throw InputError("--repeat: must be >= 1");
-  if (opt.threads < 0) throw InputError("--threads: must be >= 0");
-  if (opt.scale && !(std::isfinite(*opt.scale) && *opt.scale > 0))
-    throw InputError("--scale: must be a positive finite number");
-  if (!(opt.min_time_ms >= 0)) throw InputError("--min-time: must be >= 0");
-  if (opt.device < 0) throw InputError("--device: must be >= 0");
-  if (opt.no_write && !opt.out.empty()) throw InputError("--out: conflicts with --no-write (which writes no outputs)");
-}
-
 // The forward/backward workload: options, data, plan, run, outputs, report.
 int run_forward_backward(const AppOptions& opt) {
   const Console con(opt.quiet, opt.json);
@@ -424,40 +405,39 @@ int run_forward_backward(const AppOptions& opt) {
 
   if (opt.data.empty()) throw InputError("--data: a data directory is required (see --help)");
   if (opt.compute.empty()) throw InputError("--compute: name at least one kernel (known: " + known_kernels() + ")");
-  const std::vector<Mode> modes = parse_modes(opt.mode);
-  int window_left = -1, window_right = -1;
-  parse_window(opt.window, &window_left, &window_right);
-  check_run_options(opt);
+  const std::vector<Mode> modes = run_mode_passes(*opt.mode);
   const bool all = opt.compute.size() == 1 && opt.compute[0] == "all";
   const std::vector<std::string> kernels = select_kernels(opt, all);
 
   // ---- data -----------------------------------------------------------------------------------
   LoadOptions lo;
-  if (!opt.layout.empty()) {
-    if (opt.layout == "bhsd") lo.layout = Layout::BHSD;
-    else if (opt.layout == "bshd") lo.layout = Layout::BSHD;
-    else throw InputError("--layout: '" + opt.layout + "' is not bhsd or bshd");
-  }
+  lo.layout = opt.layout;
   Dataset ds = load_dataset(opt.data, lo);
   // --json is written last, after every kernel ran: check now (the inputs are known by identity
   // now) that it can be.
   if (!opt.json.empty() && opt.json != "-") check_output_file(opt.json, "--json");
   // Notes are printed once every check has passed, so a refused run prints its one error line only.
   std::vector<std::string> notes = ds.notices;
-  // Where each kernel's outputs go; checked now so a bad directory fails before any kernel runs.
-  auto out_dir_for = [&](const std::string& k) {
-    if (opt.out.empty()) return (fs::path(opt.data) / "out" / k).string();
-    return kernels.size() == 1 ? opt.out : (fs::path(opt.out) / k).string();
-  };
-  if (!opt.no_write) {
-    for (const std::string& k : kernels) check_output_dir(out_dir_for(k), opt.out, opt.data);
-  }
   check_inputs_finite(ds, modes, opt.allow_nonfinite, &notes);
 
-  // The compute dtypes: one (--dtype, else the input's) or, with --dtype auto, each kernel's
-  // own; the kernels of one dtype share a session. Every plan is made before anything runs, so a
-  // kernel named explicitly that cannot run fails the command before any work.
+  // The compute dtypes: one (--dtype's, else the input's), each kernel's own (--dtype auto), or
+  // each listed one (--dtype fp32,bf16); the kernels of one dtype share a session. Every plan is
+  // made before anything runs, so a kernel named explicitly that cannot run fails the command
+  // before any work.
   std::vector<DtypeGroup> groups = dtype_groups(opt, ds, kernels, modes, &notes);
+  // Where each kernel's outputs go (a kernel run in several dtypes: one subdirectory per dtype);
+  // checked now so a bad directory fails before any kernel runs.
+  auto out_dir_for = [&](const std::string& k, DType t) {
+    fs::path dir = opt.out.empty() ? fs::path(opt.data) / "out" / k : kernels.size() == 1 ? fs::path(opt.out) : fs::path(opt.out) / k;
+    int in_groups = 0;
+    for (const DtypeGroup& g : groups) in_groups += std::count(g.kernels.begin(), g.kernels.end(), k) > 0;
+    if (in_groups > 1) dir /= dtype_name(t);
+    return dir.string();
+  };
+  if (!opt.no_write) {
+    for (const DtypeGroup& g : groups)
+      for (const std::string& k : g.kernels) check_output_dir(out_dir_for(k, g.dtype), opt.out, opt.data);
+  }
   const DeviceChoice dev = pick_device(opt.device, wants_gpu(kernels, modes));
   for (DtypeGroup& g : groups) {
     g.prob.dims = ds.dims;
@@ -465,8 +445,8 @@ int run_forward_backward(const AppOptions& opt) {
     g.prob.layout = ds.layout;
     g.prob.scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(double(ds.dims.D));
     g.prob.causal = opt.causal;
-    g.prob.window_left = window_left;
-    g.prob.window_right = window_right;
+    g.prob.window_left = opt.window ? opt.window->left : -1;
+    g.prob.window_right = opt.window ? opt.window->right : -1;
     g.prob.has_padding = ds.seqlens_k.has_value();
     g.prob.has_mask = ds.mask.has_value();
     g.plan = make_plan(g.kernels, modes, all, g.prob, dev);
@@ -517,7 +497,10 @@ int run_forward_backward(const AppOptions& opt) {
     Outcome run = run_plan(g.plan, session, all);
     if (groups.size() > 1)
       for (RunRecord& r : run.records) r.dtype = g.dtype;
-    if (!opt.no_write) write_outputs(run.records, ds, session, hdr, generated_dout, out_dir_for, con);
+    if (!opt.no_write) {
+      auto dir_of = [&](const std::string& k) { return out_dir_for(k, g.dtype); };
+      write_outputs(run.records, ds, session, hdr, generated_dout, dir_of, con);
+    }
     for (RunRecord& r : run.records) all_runs.records.push_back(std::move(r));
     all_runs.any_failed = all_runs.any_failed || run.any_failed;
     all_runs.any_check_failed = all_runs.any_check_failed || run.any_check_failed;
@@ -534,7 +517,7 @@ int run_app(const AppOptions& opt) {
   for (const auto& [path, what] : {std::pair{opt.data, "--data"}, std::pair{opt.out, "--out"},
                                    std::pair{opt.json, "--json"}, std::pair{opt.sweep, "--sweep"}})
     check_utf8_path(path, what);
-  if (opt.mode == "decode") return run_decode(opt);
+  if (opt.mode == RunMode::Decode) return run_decode(opt);
   // Decode's own options mean nothing to forward/backward runs and sweeps: refused, not ignored.
   const std::pair<bool, const char*> decode_only[] = {{opt.splits != 0, "--splits"},
                                                       {opt.steps != 0, "--steps"},

@@ -44,9 +44,9 @@ void check_options(const AppOptions& opt) {
   if (opt.data.empty()) throw InputError("--data: a decode data directory is required (see data/README.md)");
   if (opt.compute.empty())
     throw InputError("--compute: name at least one kernel (decode kernels: " + decode_kernel_names() + ")");
-  if (!opt.window.empty())
+  if (opt.window)
     throw InputError("--window: not available in decode mode (a step is causal within each batch element's length)");
-  if (!opt.layout.empty() && opt.layout != "bhsd") throw InputError("--layout: decode directories are bhsd");
+  if (opt.layout && *opt.layout != Layout::BHSD) throw InputError("--layout: decode directories are bhsd");
   if (opt.splits < 0) throw InputError("--splits: must be >= 0 (0: the kernel chooses)");
   if (opt.splits > 65535) throw InputError("--splits: at most 65535");
   if (opt.steps < 0) throw InputError("--steps: must be >= 0");
@@ -54,10 +54,6 @@ void check_options(const AppOptions& opt) {
   if (opt.prompt_len > 0 && opt.steps == 0) throw InputError("--prompt-len: only with --steps");
   if (opt.steps > 0 && opt.write_cache) throw InputError("--write-cache: not with --steps (the simulation writes no outputs)");
   if (opt.write_cache && opt.no_write) throw InputError("--write-cache: conflicts with --no-write");
-  if (opt.threads < 0) throw InputError("--threads: must be >= 0");
-  if (opt.scale && !(std::isfinite(*opt.scale) && *opt.scale > 0)) throw InputError("--scale: must be a positive finite number");
-  if (opt.device < 0) throw InputError("--device: must be >= 0");
-  if (opt.no_write && !opt.out.empty()) throw InputError("--out: conflicts with --no-write (which writes no outputs)");
   if (!opt.json.empty() && opt.json != "-") check_output_file(opt.json, "--json");
 }
 
@@ -141,8 +137,11 @@ DecodeDataset load_checked(const AppOptions& opt) {
 // The inputs in the compute dtype (fp64 data computes in fp32); the new tokens must be finite.
 DecodeInputs make_decode_inputs(const AppOptions& opt, DecodeDataset& ds, std::vector<std::string>* notes) {
   DType dtype = ds.dtype == DType::F64 ? DType::F32 : ds.dtype;
-  if (!opt.dtype.empty() && (!parse_dtype(opt.dtype, &dtype) || !dtype_is_float(dtype) || dtype == DType::F64))
-    throw InputError("--dtype: '" + opt.dtype + "' is not one of fp32, fp16, bf16 (decode kernels)");
+  if (opt.dtype.kind != DtypeChoice::Kind::Input) {
+    if (!opt.dtype.one() || opt.dtype.list[0] == DType::F64)
+      throw InputError("--dtype: '" + opt.dtype.text() + "' is not one of fp32, fp16, bf16 (decode kernels)");
+    dtype = opt.dtype.list[0];
+  }
   if (dtype != ds.dtype)
     notes->push_back(fmt::format("inputs are {}; computing in {} (converted once, round to nearest)",
                                  dtype_name(ds.dtype), dtype_name(dtype)));

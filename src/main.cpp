@@ -51,6 +51,7 @@ CLI::Validator int_range(long long lo, long long hi) {
 
 int main(int argc, char** argv) {
   flashattn::AppOptions opt;
+  flashattn::OptionWords words;  // typed by type_options() once parsed
   for (int i = 0; i < argc; ++i) opt.command_line += (i ? " " : "") + std::string(argv[i]);
 
   // A seed is a decimal integer in [0, 2^64): CLI11 alone would wrap "-1" and saturate overflows.
@@ -70,14 +71,14 @@ int main(int argc, char** argv) {
   app.add_flag("--list", list, "Print the support matrix (kernel x mode x dtype x head dims x features) and exit");
   app.add_flag("--list-json", list_json, "Print the support matrix as JSON and exit");
   app.add_option("--compute,-c", opt.compute, "Kernels to run: NAME[,NAME...] or all")->delimiter(',');
-  app.add_option("--mode,-m", opt.mode, "forward | backward | both | decode (a decode data directory)")->capture_default_str();
+  app.add_option("--mode,-m", words.mode, "forward | backward | both | decode (a decode data directory)")->capture_default_str();
   app.add_option("--data,-d", opt.data, "Input directory (Q, K, V [, dO, seqlens_k, mask] as .npy or .bin)");
   app.add_option("--out,-o", opt.out, "Output directory (default DATA/out/<kernel>; with several kernels OUT/<kernel>)");
   app.add_flag("--causal", opt.causal, "Causal mask, bottom-right aligned: query i sees keys j <= i + S_k - S_q");
-  app.add_option("--window", opt.window, "Sliding window LEFT,RIGHT (-1 = unbounded)");
+  app.add_option("--window", words.window, "Sliding window LEFT,RIGHT (-1 = unbounded)");
   app.add_option("--scale", opt.scale, "Softmax scale (default 1/sqrt(D))");
-  app.add_option("--dtype", opt.dtype, "Compute dtype fp32 | fp16 | bf16 (| fp64 for cpu) | auto (each kernel its own: the input's if it takes it, else bf16, fp16, fp32); default: the input's");
-  app.add_option("--layout", opt.layout, "Layout of the files: bhsd | bshd (default: meta.json's, else bhsd)");
+  app.add_option("--dtype", words.dtype, "Compute dtype fp32 | fp16 | bf16 (| fp64 for cpu), a list of them (fp32,bf16: each kernel in each listed dtype it takes) or auto (each kernel its own: the input's if it takes it, else bf16, fp16, fp32); default: the input's");
+  app.add_option("--layout", words.layout, "Layout of the files: bhsd | bshd (default: meta.json's, else bhsd)");
   app.add_option("--warmup", opt.warmup, "Untimed repetitions before timing")
       ->capture_default_str()
       ->check(int_range(0, 1000000));
@@ -129,8 +130,7 @@ int main(int argc, char** argv) {
       if (list.empty() || list.front() == ',' || list.back() == ',' || list.find(",,") != std::string::npos)
         throw CLI::ValidationError("--compute", "an empty name in '" + list + "' (NAME[,NAME...])");
     }
-    // Sweeps take their modes from the grid unless --mode is given.
-    if (!opt.sweep.empty() && app.count("--mode") == 0) opt.mode.clear();
+    words.mode_given = app.count("--mode") > 0;
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForVersion& e) {
@@ -145,6 +145,7 @@ int main(int argc, char** argv) {
       std::fputs(flashattn::list_kernels(list_json).c_str(), stdout);
       return flashattn::kExitOk;
     }
+    flashattn::type_options(words, &opt);
     return flashattn::run_app(opt);
   } catch (const flashattn::Error& e) {
     std::fprintf(stderr, "flashattn: %s\n", e.what());

@@ -259,7 +259,9 @@ std::string render_table(const std::vector<RunRecord>& runs, const std::string& 
 std::string render_check(const RunRecord& r) {
   const CheckResult& c = r.check;
   if (!c.performed) return "";
-  std::string out = fmt::format("  check {} {}: {} ({} of {} query rows", r.kernel, mode_name(r.mode),
+  // The dtype beside the kernel where a session mixes dtypes (--dtype auto or a list).
+  const std::string who = r.dtype ? fmt::format("{} {}", r.kernel, dtype_name(*r.dtype)) : r.kernel;
+  std::string out = fmt::format("  check {} {}: {} ({} of {} query rows", who, mode_name(r.mode),
                                 c.passed ? "passed" : "FAILED", c.rows_checked, c.rows_total);
   if (c.key_rows_total) out += fmt::format(", {} of {} key rows", c.key_rows_checked, c.key_rows_total);
   out += ")\n";

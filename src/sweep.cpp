@@ -184,10 +184,13 @@ std::vector<RunRecord> run_point(const SweepPoint& pt, const Problem& prob, Swee
 int run_sweep(const AppOptions& opt) {
   if (!opt.data.empty()) throw InputError("--sweep: generates its inputs from --seed; drop --data");
   if (!opt.out.empty()) throw InputError("--sweep: writes no data files; drop --out");
-  if (opt.dtype == "auto") throw InputError("--dtype auto: not with --sweep (the preset or --dtype names one dtype)");
+  if (opt.dtype.kind == DtypeChoice::Kind::Auto)
+    throw InputError("--dtype auto: not with --sweep (the preset or --dtype names one dtype)");
+  if (opt.dtype.is_list() && !opt.dtype.one())
+    throw InputError("--dtype " + opt.dtype.text() + ": not with --sweep (the preset or --dtype names one dtype)");
   SweepDefaults cli;
-  cli.dtype = opt.dtype;
-  cli.mode = opt.mode;
+  cli.dtype = opt.dtype.text();
+  cli.mode = opt.mode ? run_mode_name(*opt.mode) : "";
   cli.causal = opt.causal;
   const bool all = opt.compute.size() == 1 && opt.compute[0] == "all";
   cli.kernels = all ? gpu_kernels() : opt.compute;
@@ -199,14 +202,8 @@ int run_sweep(const AppOptions& opt) {
   check_point_kernels(grid);
   SweepContext cx{opt, timing_options(opt), {}, nullptr};
   const TimingOptions& timing = cx.timing;
-  int window_left = -1, window_right = -1;
-  if (!opt.window.empty()) {
-    if (std::sscanf(opt.window.c_str(), "%d,%d", &window_left, &window_right) != 2 || window_left < -1 || window_right < -1)
-      throw InputError("--window: '" + opt.window + "' is not LEFT,RIGHT with integers >= -1 (-1 = unbounded)");
-  }
-  Layout layout = Layout::BHSD;
-  if (opt.layout == "bshd") layout = Layout::BSHD;
-  else if (!opt.layout.empty() && opt.layout != "bhsd") throw InputError("--layout: '" + opt.layout + "' is not bhsd or bshd");
+  const Window window = opt.window.value_or(Window{});
+  const Layout layout = opt.layout.value_or(Layout::BHSD);
 
   cx.dev = pick_device(opt.device, /*wants_gpu=*/true);
   const int device = cx.dev.device;
@@ -256,8 +253,8 @@ int run_sweep(const AppOptions& opt) {
     prob.layout = layout;
     prob.scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(double(pt.dims.D));
     prob.causal = pt.causal;
-    prob.window_left = window_left;
-    prob.window_right = window_right;
+    prob.window_left = window.left;
+    prob.window_right = window.right;
 
     const std::vector<RunRecord> records = run_point(pt, prob, &cx);
 

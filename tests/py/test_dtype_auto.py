@@ -62,3 +62,38 @@ def test_auto_is_refused_by_sweeps(tmp_path):
     p = run("--sweep", "fa-grid", "--compute", "cpu", "--dtype", "auto", "--dry-run")
     assert p.returncode == 2
     assert "--dtype auto: not with --sweep" in p.stderr
+
+
+def test_a_dtype_list_runs_each_kernel_in_each_listed_dtype(tmp_path):
+    qkv_dir = small_problem(tmp_path, np.float32, 32)
+    out = tmp_path / "s.json"
+    p = run("--compute", "cpu", "--mode", "forward", "--data", qkv_dir, "--dtype", "fp32,bf16", "--check",
+            "--json", out)
+    assert p.returncode == 0, p.stderr
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["kernel"], r["dtype"], r["status"]) for r in runs] == [("cpu", "fp32", "ok"), ("cpu", "bf16", "ok")]
+    assert "cpu fp32" in p.stdout and "cpu bf16" in p.stdout
+    assert "check cpu bf16 forward: passed" in p.stdout
+    # One kernel in two dtypes: one output directory per dtype, each complete.
+    for t in ("fp32", "bf16"):
+        d = qkv_dir / "out" / "cpu" / t
+        assert (d / "O.npy").exists() and (d / "timing.json").exists()
+    assert np.load(qkv_dir / "out" / "cpu" / "bf16" / "O.npy").dtype.itemsize == 2
+    assert np.load(qkv_dir / "out" / "cpu" / "fp32" / "O.npy").dtype == np.float32
+
+
+@pytest.mark.parametrize("words,message", [
+    ("fp32,,bf16", "an empty item"),
+    ("fp32,bf16,fp32", "listed twice"),
+    ("fp32,fp8", "'fp8' is not one of"),
+])
+def test_bad_dtype_lists_are_refused_before_any_work(tmp_path, words, message):
+    qkv_dir = small_problem(tmp_path, np.float32, 32)
+    p = run("--compute", "cpu", "--data", qkv_dir, "--dtype", words)
+    assert p.returncode == 2 and message in p.stderr
+    assert not (qkv_dir / "out").exists()
+
+
+def test_a_dtype_list_is_refused_by_sweeps_and_decode(tmp_path):
+    p = run("--sweep", "fa-grid", "--compute", "cpu", "--dtype", "fp32,bf16", "--dry-run")
+    assert p.returncode == 2 and "not with --sweep" in p.stderr
