@@ -14,7 +14,9 @@
 #include "device_buffer.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
+#include "gpu_context.h"
 #include "nvtx.h"
+#include "params_build.h"
 #include "validate.h"
 
 namespace flashattn {
@@ -25,15 +27,6 @@ using Buffer = DeviceBuffer;
 
 Buffer upload(const HostArray& a) { return upload_array(a); }
 HostArray download(const Buffer& d, DType t, std::vector<int64_t> shape) { return download_array(d, t, std::move(shape)); }
-
-// Element strides of a C-ordered rank-4 array.
-Strides strides_of(const std::vector<int64_t>& s) {
-  Strides st;
-  st.row = s[3];
-  st.head = s[2] * s[3];
-  st.batch = s[1] * s[2] * s[3];
-  return st;
-}
 
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -163,26 +156,12 @@ struct DecodeSession::Impl {
   }
 
   DecodeParams params() const {
-    DecodeParams p;
-    const DecodeDims& d = dims();
-    p.dtype = in.dtype;
-    p.B = d.B, p.H = d.H, p.H_kv = d.H_kv, p.S_new = d.S_new, p.S_max = d.S_max, p.D = d.D;
-    p.scale_f64 = in.scale;
-    p.scale = static_cast<float>(in.scale);
-    p.scale_log2 = static_cast<float>(in.scale * 1.4426950408889634074);
+    DecodeParams p = decode_params(dims(), in.dtype, in.scale);
     p.q = d_q.get();
-    p.q_st = p.o_st = strides_of(in.q.shape);
     p.k_new = d_kn.get(), p.v_new = d_vn.get();
-    p.k_new_st = strides_of(in.k_new.shape), p.v_new_st = strides_of(in.v_new.shape);
     p.k_cache = d_kc.get(), p.v_cache = d_vc.get();
-    p.k_cache_st = strides_of(in.k_cache.shape), p.v_cache_st = strides_of(in.v_cache.shape);
     p.cache_seqlens = static_cast<const int32_t*>(d_seqlens.get());
-    if (in.block_table) {
-      p.block_table = static_cast<const int32_t*>(d_table.get());
-      p.block_table_stride = d.max_blocks;
-      p.page_size = d.page_size;
-      p.num_blocks = d.num_blocks;
-    }
+    if (in.block_table) p.block_table = static_cast<const int32_t*>(d_table.get());
     p.max_seqlen = max_seqlen();
     p.uniform_seqlen = uniform_seqlen();
     p.num_splits = opt.splits;
@@ -190,17 +169,7 @@ struct DecodeSession::Impl {
     return p;
   }
 
-  LaunchContext context() const {
-    LaunchContext ctx;
-    ctx.stream = stream;
-    ctx.device = opt.device;
-    ctx.sm = dev.sm();
-    ctx.sm_count = dev.sm_count;
-    ctx.smem_optin = dev.smem_per_block_optin;
-    ctx.l2_bytes = dev.l2_bytes;
-    ctx.cpu_threads = opt.cpu_threads;
-    return ctx;
-  }
+  LaunchContext context() const { return gpu_launch_context(dev, opt.device, stream, opt.cpu_threads); }
 
   struct Step {
     KernelOutputs out;

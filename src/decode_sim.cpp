@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <optional>
 
@@ -15,7 +16,9 @@
 #include "flashattn/device_fill.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
+#include "gpu_context.h"
 #include "nvtx.h"
+#include "params_build.h"
 #include "problem.h"
 #include "random.h"
 #include "validate.h"
@@ -33,8 +36,6 @@ std::vector<int> prompt_lengths(const DecodeInputs& shape, const DecodeSimOption
   return P;
 }
 
-Strides bhsd(int H, int S, int D) { return layout_strides(Layout::BHSD, H, S, D); }
-
 // Nearest-rank percentile of sorted samples.
 double percentile(const std::vector<double>& sorted, double q) {
   if (sorted.empty()) return 0;
@@ -51,7 +52,6 @@ std::string decode_sim_unsupported(const KernelMode& dec, const DecodeInputs& sh
   if (!dec.gpu) return "--steps: kernel '" + dec.kernel + "' runs on the host; the simulation times GPU kernels";
   const KernelMode* fe = Registry::find(dec.kernel, Mode::Forward);
   if (!fe || !fe->fwd) return "--steps: kernel '" + dec.kernel + "' has no forward pass for the prefill";
-  if (fe->uses_cublas) return "--steps: kernel '" + dec.kernel + "' prefills with cuBLAS, which the simulation does not set up";
   const std::vector<int> P = prompt_lengths(shape, opt);
   Problem fp;
   const int P_max = *std::max_element(P.begin(), P.end());
@@ -62,212 +62,183 @@ std::string decode_sim_unsupported(const KernelMode& dec, const DecodeInputs& sh
   return why_unsupported(*fe, fp, sm);
 }
 
-DecodeSimResult simulate_decode(const KernelMode& dec, const DecodeInputs& shape, const DecodeSimOptions& opt) {
-  const DecodeDims& d = shape.dims;
-  const DType t = shape.dtype;
-  const size_t es = dtype_size(t);
-  const std::vector<int> P = prompt_lengths(shape, opt);
-  const int P_max = *std::max_element(P.begin(), P.end());
-  for (int b = 0; b < d.B; ++b) {
-    if (P[b] < 1)
-      throw InputError("--steps: the prompt of batch element " + std::to_string(b) +
-                       " is empty (cache_seqlens is 0); give --prompt-len N");
-    if (static_cast<int64_t>(P[b]) + static_cast<int64_t>(opt.steps) * d.S_new > d.S_max)
-      throw InputError(fmt::format("--steps: prompt {} + {} steps x S_new {} exceeds the cache's {} positions (batch element {})",
-                                   P[b], opt.steps, d.S_new, d.S_max, b));
-  }
-  const KernelMode* fe = Registry::find(dec.kernel, Mode::Forward);
-  CUDA_CHECK(cudaSetDevice(opt.device));
-  const DeviceInfo dev = query_device(opt.device);
-  cudaStream_t stream = nullptr;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  struct StreamGuard {
-    cudaStream_t s;
-    ~StreamGuard() { cudaStreamDestroy(s); }
-  } guard{stream};
-  GpuTimer timer(dev.l2_bytes);
-  LaunchContext ctx;
-  ctx.stream = stream, ctx.device = opt.device, ctx.sm = dev.sm(), ctx.sm_count = dev.sm_count;
-  ctx.smem_optin = dev.smem_per_block_optin, ctx.l2_bytes = dev.l2_bytes;
+namespace {
 
-  // ---- the cache: contiguous, or a fresh pool with a shuffled block table ------------------------
-  const int page = d.page_size;
-  const int max_blocks = d.paged() ? (d.S_max + page - 1) / page : 0;
-  const int64_t cache_rows = d.paged() ? int64_t(d.B) * max_blocks * page : int64_t(d.B) * d.S_max;
-  const std::vector<int64_t> cache_shape = d.paged() ? std::vector<int64_t>{int64_t(d.B) * max_blocks, d.H_kv, page, d.D}
-                                                     : std::vector<int64_t>{d.B, d.H_kv, d.S_max, d.D};
-  const size_t cache_bytes = size_t(cache_rows) * d.H_kv * d.D * es;
-  DeviceBuffer kc(cache_bytes), vc(cache_bytes), table;
-  std::optional<HostArray> h_table;
-  if (d.paged()) {
-    h_table = HostArray(DType::I32, {d.B, max_blocks});
-    int32_t* tp = h_table->data<int32_t>();
-    std::iota(tp, tp + h_table->numel(), 0);
-    Rng rng(opt.seed, kStepBase - 1);
-    for (int64_t k = h_table->numel() - 1; k > 0; --k) std::swap(tp[k], tp[rng.below(k + 1)]);
-    table = upload_array(*h_table);
+// One simulation: the cache, the prefill (TTFT), the decode steps (TBT), the check of the last
+// step, and the report, in that order (simulate_decode).
+class Simulation {
+ public:
+  Simulation(const KernelMode& dec, const DecodeInputs& shape, const DecodeSimOptions& opt)
+      : dec_(dec), shape_(shape), opt_(opt), d_(shape.dims), t_(shape.dtype), es_(dtype_size(t_)),
+        P_(prompt_lengths(shape, opt)), P_max_(*std::max_element(P_.begin(), P_.end())),
+        fe_(Registry::find(dec.kernel, Mode::Forward)) {
+    for (int b = 0; b < d_.B; ++b) {
+      if (P_[b] < 1)
+        throw InputError("--steps: the prompt of batch element " + std::to_string(b) +
+                         " is empty (cache_seqlens is 0); give --prompt-len N");
+      if (static_cast<int64_t>(P_[b]) + static_cast<int64_t>(opt.steps) * d_.S_new > d_.S_max)
+        throw InputError(fmt::format("--steps: prompt {} + {} steps x S_new {} exceeds the cache's {} positions (batch element {})",
+                                     P_[b], opt.steps, d_.S_new, d_.S_max, b));
+    }
+    CUDA_CHECK(cudaSetDevice(opt.device));
+    dev_ = query_device(opt.device);
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    cublas_ = std::make_unique<CublasHandle>(stream_);
+    timer_ = std::make_unique<GpuTimer>(dev_.l2_bytes);
+    ctx_ = gpu_launch_context(dev_, opt.device, stream_);
   }
-
-  // ---- prefill: forward over the prompt, then the cache fill ---------------------------------------
-  const Strides q_st = bhsd(d.H, P_max, d.D), kv_st = bhsd(d.H_kv, P_max, d.D);
-  const int64_t nq = int64_t(d.B) * d.H * P_max * d.D, nkv = int64_t(d.B) * d.H_kv * P_max * d.D;
-  DeviceBuffer pq(nq * es), pk(nkv * es), pv(nkv * es), po(nq * es), plse(size_t(d.B) * d.H * P_max * sizeof(float));
-  fill_normal_device(pq.get(), t, nq, opt.seed, kPromptQ, stream);
-  fill_normal_device(pk.get(), t, nkv, opt.seed, kPromptK, stream);
-  fill_normal_device(pv.get(), t, nkv, opt.seed, kPromptV, stream);
-  HostArray h_prompt_lens(DType::I32, {d.B}), h_zeros(DType::I32, {d.B});
-  for (int b = 0; b < d.B; ++b) h_prompt_lens.data<int32_t>()[b] = P[b];
-  const bool padded = std::any_of(P.begin(), P.end(), [&](int p) { return p != P_max; });
-  DeviceBuffer d_prompt_lens = upload_array(h_prompt_lens), d_zeros = upload_array(h_zeros);
-
-  FwdParams f;
-  f.dtype = t;
-  f.layout = Layout::BHSD;
-  f.B = d.B, f.H = d.H, f.H_kv = d.H_kv, f.S_q = P_max, f.S_k = P_max, f.D = d.D;
-  f.scale_f64 = shape.scale;
-  f.scale = static_cast<float>(shape.scale);
-  f.scale_log2 = static_cast<float>(shape.scale * 1.4426950408889634074);
-  f.causal = true;
-  f.window_right = 0;  // causal folded in, as the driver does
-  f.seqlens_k = padded ? static_cast<const int32_t*>(d_prompt_lens.get()) : nullptr;
-  f.q = pq.get(), f.k = pk.get(), f.v = pv.get();
-  f.q_st = f.o_st = q_st;
-  f.k_st = f.v_st = kv_st;
-  f.o = po.get(), f.lse = plse.get();
-  f.num_sms = dev.sm_count;
-  const size_t fwd_ws = fe->fwd_workspace ? fe->fwd_workspace(f) : 0;
-  DeviceBuffer fws(fwd_ws);
-  f.workspace = fws.get(), f.workspace_bytes = fwd_ws;
-  const LaunchContext fctx = ctx;
-
-  DecodeParams fill;  // the prompt's K/V written at [0, P_max) of every element
-  fill.dtype = t;
-  fill.B = d.B, fill.H = d.H, fill.H_kv = d.H_kv, fill.S_new = P_max, fill.S_max = d.S_max, fill.D = d.D;
-  fill.k_new = pk.get(), fill.v_new = pv.get();
-  fill.k_new_st = fill.v_new_st = kv_st;
-  fill.k_cache = kc.get(), fill.v_cache = vc.get();
-  fill.k_cache_st = fill.v_cache_st = bhsd(d.H_kv, d.paged() ? page : d.S_max, d.D);
-  fill.cache_seqlens = static_cast<const int32_t*>(d_zeros.get());
-  if (d.paged()) {
-    fill.block_table = static_cast<const int32_t*>(table.get());
-    fill.block_table_stride = max_blocks, fill.page_size = page, fill.num_blocks = int(int64_t(d.B) * max_blocks);
+  ~Simulation() {
+    cublas_.reset();  // before its stream
+    if (stream_) cudaStreamDestroy(stream_);
   }
-  auto prefill = [&] {
-    fe->fwd(f, fctx);
-    decode_append_kv(fill, stream);
-  };
-  TimingStats ttft;
-  {
-    NvtxRange range("prefill (TTFT)");
-    ttft = timer.time(prefill, stream, opt.timing);
-  }
+  Simulation(const Simulation&) = delete;
+  Simulation& operator=(const Simulation&) = delete;
 
-  // ---- decode steps ---------------------------------------------------------------------------------
-  const int64_t nsq = int64_t(d.B) * d.H * d.S_new * d.D, nskv = int64_t(d.B) * d.H_kv * d.S_new * d.D;
-  DeviceBuffer sq(nsq * es), skn(nskv * es), svn(nskv * es), so(nsq * es), slse(size_t(d.B) * d.H * d.S_new * sizeof(float));
-  DeviceBuffer d_lens(size_t(d.B) * sizeof(int32_t));
-  DecodeParams p = fill;
-  p.S_new = d.S_new;
-  p.scale_f64 = shape.scale, p.scale = f.scale, p.scale_log2 = f.scale_log2;
-  p.q = sq.get(), p.q_st = p.o_st = bhsd(d.H, d.S_new, d.D);
-  p.k_new = skn.get(), p.v_new = svn.get();
-  p.k_new_st = p.v_new_st = bhsd(d.H_kv, d.S_new, d.D);
-  p.cache_seqlens = static_cast<const int32_t*>(d_lens.get());
-  p.o = so.get(), p.lse = slse.get();
-  p.num_splits = opt.splits;
-  p.num_sms = dev.sm_count;
-  std::vector<int32_t> lens(P.begin(), P.end());
-  auto max_len = [&](int step) {
-    return *std::max_element(lens.begin(), lens.end()) + step * d.S_new + d.S_new;
-  };
-  size_t ws_bytes = 0;
-  for (int s = 0; s < opt.steps; ++s) {
-    p.max_seqlen = max_len(s);
-    ws_bytes = std::max(ws_bytes, dec.dec_workspace ? dec.dec_workspace(p) : size_t(0));
-  }
-  DeviceBuffer ws(ws_bytes);
-  if (ws_bytes) CUDA_CHECK(cudaMemsetAsync(ws.get(), 0, ws_bytes, stream));  // DecodeParams::workspace
-  p.workspace = ws.get(), p.workspace_bytes = ws_bytes;
-  auto generate = [&](int s) {
-    const uint64_t base = kStepBase + 3 * uint64_t(s);
-    fill_normal_device(sq.get(), t, nsq, opt.seed, base, stream);
-    fill_normal_device(skn.get(), t, nskv, opt.seed, base + 1, stream);
-    fill_normal_device(svn.get(), t, nskv, opt.seed, base + 2, stream);
-  };
-  auto step = [&] {
-    decode_append_kv(p, stream);
-    dec.dec(p, ctx);
-  };
-  std::vector<double> samples;
-  std::vector<double> bytes;
-  int splits_first = 1, splits_last = 1;
-  HostArray lens_arr(DType::I32, {d.B});
-  {
-    NvtxRange range("decode steps (TBT)");
-    for (int s = 0; s < opt.steps; ++s) {
-      std::copy(lens.begin(), lens.end(), lens_arr.data<int32_t>());
-      CUDA_CHECK(cudaMemcpyAsync(d_lens.get(), lens_arr.bytes.data(), lens_arr.nbytes(), cudaMemcpyHostToDevice, stream));
-      generate(s);
-      p.max_seqlen = *std::max_element(lens.begin(), lens.end()) + d.S_new;
-      p.uniform_seqlen = std::all_of(lens.begin(), lens.end(), [&](int32_t v) { return v == lens[0]; }) ? lens[0] : -1;
-      const int splits = dec.dec_splits ? dec.dec_splits(p) : 1;
-      if (s == 0) {
-        splits_first = splits;
-        step();  // untimed warm-up: the same rows as the timed step 0, so it changes nothing
-        CUDA_CHECK(cudaStreamSynchronize(stream));
-      }
-      splits_last = splits;
-      if (opt.check && s + 1 == opt.steps) {
-        // The checked step starts from poisoned outputs, as every checked run does: an element it
-        // leaves unwritten reads NaN (outside the step's events).
-        CUDA_CHECK(cudaMemsetAsync(so.get(), 0xFF, so.bytes(), stream));
-        CUDA_CHECK(cudaMemsetAsync(slse.get(), 0xFF, slse.bytes(), stream));
-      }
-      samples.push_back(timer.time_once(step, stream));
-      DecodeDims dd = d;
-      bytes.push_back(decode_kv_bytes(dd, lens_arr, t));
-      if (s + 1 < opt.steps)
-        for (int32_t& l : lens) l += d.S_new;
+  // The cache: contiguous, or a fresh pool with a shuffled block table covering S_max per element.
+  void make_cache() {
+    cd_ = d_;
+    if (d_.paged()) {
+      cd_.max_blocks = (d_.S_max + d_.page_size - 1) / d_.page_size;
+      cd_.num_blocks = d_.B * cd_.max_blocks;
+    }
+    cache_shape_ = d_.paged() ? std::vector<int64_t>{cd_.num_blocks, d_.H_kv, d_.page_size, d_.D}
+                              : std::vector<int64_t>{d_.B, d_.H_kv, d_.S_max, d_.D};
+    const int64_t cache_rows = d_.paged() ? int64_t(cd_.num_blocks) * d_.page_size : int64_t(d_.B) * d_.S_max;
+    const size_t cache_bytes = size_t(cache_rows) * d_.H_kv * d_.D * es_;
+    kc_ = DeviceBuffer(cache_bytes), vc_ = DeviceBuffer(cache_bytes);
+    if (d_.paged()) {
+      h_table_ = HostArray(DType::I32, {d_.B, cd_.max_blocks});
+      int32_t* tp = h_table_->data<int32_t>();
+      std::iota(tp, tp + h_table_->numel(), 0);
+      Rng rng(opt_.seed, kStepBase - 1);
+      for (int64_t k = h_table_->numel() - 1; k > 0; --k) std::swap(tp[k], tp[rng.below(k + 1)]);
+      table_ = upload_array(*h_table_);
     }
   }
 
-  DecodeSimResult res;
-  RunRecord& r = res.run;
-  r.kernel = dec.kernel;
-  r.mode = Mode::Decode;
-  r.gpu = true;
-  r.timing = summarize(samples);
-  r.timing.device_events = true;
-  r.timing.held = GpuTimer::holds_stream();
-  r.timing.l2_flush = false;
-  r.timing.warmup = 1;
-  r.timing.min_samples = opt.steps;
-  r.timing.stop_reason = "steps";
-  r.bytes = std::accumulate(bytes.begin(), bytes.end(), 0.0) / std::max<size_t>(bytes.size(), 1);
-  if (r.timing.median_ms > 0) r.gbps = r.bytes / (r.timing.median_ms * 1e-3) / 1e9;
-  r.memory.workspace_bytes = ws_bytes + fwd_ws;
+  // Prefill: the forward pass over the prompts (causal, per-element lengths as key padding), then
+  // the update-cache kernel writing their K/V at [0, P_max) of every element. TTFT times both.
+  void prefill() {
+    const int64_t nq = int64_t(d_.B) * d_.H * P_max_ * d_.D, nkv = int64_t(d_.B) * d_.H_kv * P_max_ * d_.D;
+    DeviceBuffer pq(nq * es_), pk(nkv * es_), pv(nkv * es_), po(nq * es_), plse(size_t(d_.B) * d_.H * P_max_ * sizeof(float));
+    fill_normal_device(pq.get(), t_, nq, opt_.seed, kPromptQ, stream_);
+    fill_normal_device(pk.get(), t_, nkv, opt_.seed, kPromptK, stream_);
+    fill_normal_device(pv.get(), t_, nkv, opt_.seed, kPromptV, stream_);
+    HostArray h_prompt_lens(DType::I32, {d_.B}), h_zeros(DType::I32, {d_.B});
+    for (int b = 0; b < d_.B; ++b) h_prompt_lens.data<int32_t>()[b] = P_[b];
+    const bool padded = std::any_of(P_.begin(), P_.end(), [&](int p) { return p != P_max_; });
+    DeviceBuffer d_prompt_lens = upload_array(h_prompt_lens), d_zeros = upload_array(h_zeros);
 
-  // ---- check the last step against the fp64 reference ---------------------------------------------
-  if (opt.check && opt.steps > 0) {
+    Problem prompt;
+    prompt.dims = {d_.B, d_.H, d_.H_kv, P_max_, P_max_, d_.D};
+    prompt.dtype = t_;
+    prompt.scale = shape_.scale;
+    prompt.causal = true;
+    prompt.has_padding = padded;
+    FwdParams f = forward_params(prompt);
+    f.seqlens_k = padded ? static_cast<const int32_t*>(d_prompt_lens.get()) : nullptr;
+    f.q = pq.get(), f.k = pk.get(), f.v = pv.get();
+    f.o = po.get(), f.lse = plse.get();
+    f.num_sms = dev_.sm_count;
+    fwd_ws_ = fe_->fwd_workspace ? fe_->fwd_workspace(f) : 0;
+    DeviceBuffer fws(fwd_ws_);
+    f.workspace = fws.get(), f.workspace_bytes = fwd_ws_;
+    LaunchContext fctx = ctx_;
+    if (fe_->uses_cublas) fctx.cublas = cublas_->get();
+
+    DecodeDims fill_dims = cd_;
+    fill_dims.S_new = P_max_;
+    DecodeParams fill = decode_params(fill_dims, t_, shape_.scale);
+    fill.k_new = pk.get(), fill.v_new = pv.get();
+    fill.k_cache = kc_.get(), fill.v_cache = vc_.get();
+    fill.cache_seqlens = static_cast<const int32_t*>(d_zeros.get());
+    if (d_.paged()) fill.block_table = static_cast<const int32_t*>(table_.get());
+    auto run = [&] {
+      fe_->fwd(f, fctx);
+      decode_append_kv(fill, stream_);
+    };
+    NvtxRange range("prefill (TTFT)");
+    ttft_ = timer_->time(run, stream_, opt_.timing);
+  }
+
+  // The decode steps, each timed once: generate S_new tokens (untimed), then append + attend.
+  void steps() {
+    const int64_t nsq = int64_t(d_.B) * d_.H * d_.S_new * d_.D, nskv = int64_t(d_.B) * d_.H_kv * d_.S_new * d_.D;
+    sq_ = DeviceBuffer(nsq * es_), skn_ = DeviceBuffer(nskv * es_), svn_ = DeviceBuffer(nskv * es_);
+    so_ = DeviceBuffer(nsq * es_), slse_ = DeviceBuffer(size_t(d_.B) * d_.H * d_.S_new * sizeof(float));
+    DeviceBuffer d_lens(size_t(d_.B) * sizeof(int32_t));
+    DecodeParams p = decode_params(cd_, t_, shape_.scale);
+    p.q = sq_.get(), p.k_new = skn_.get(), p.v_new = svn_.get();
+    p.k_cache = kc_.get(), p.v_cache = vc_.get();
+    if (d_.paged()) p.block_table = static_cast<const int32_t*>(table_.get());
+    p.cache_seqlens = static_cast<const int32_t*>(d_lens.get());
+    p.o = so_.get(), p.lse = slse_.get();
+    p.num_splits = opt_.splits;
+    p.num_sms = dev_.sm_count;
+    lens_.assign(P_.begin(), P_.end());
+    const int longest = *std::max_element(lens_.begin(), lens_.end());
+    for (int s = 0; s < opt_.steps; ++s) {
+      p.max_seqlen = longest + s * d_.S_new + d_.S_new;
+      ws_bytes_ = std::max(ws_bytes_, dec_.dec_workspace ? dec_.dec_workspace(p) : size_t(0));
+    }
+    DeviceBuffer ws(ws_bytes_);
+    if (ws_bytes_) CUDA_CHECK(cudaMemsetAsync(ws.get(), 0, ws_bytes_, stream_));  // DecodeParams::workspace
+    p.workspace = ws.get(), p.workspace_bytes = ws_bytes_;
+    auto step = [&] {
+      decode_append_kv(p, stream_);
+      dec_.dec(p, ctx_);
+    };
+    lens_arr_ = HostArray(DType::I32, {d_.B});
+    NvtxRange range("decode steps (TBT)");
+    for (int s = 0; s < opt_.steps; ++s) {
+      std::copy(lens_.begin(), lens_.end(), lens_arr_.data<int32_t>());
+      CUDA_CHECK(cudaMemcpyAsync(d_lens.get(), lens_arr_.bytes.data(), lens_arr_.nbytes(), cudaMemcpyHostToDevice, stream_));
+      const uint64_t base = kStepBase + 3 * uint64_t(s);
+      fill_normal_device(sq_.get(), t_, nsq, opt_.seed, base, stream_);
+      fill_normal_device(skn_.get(), t_, nskv, opt_.seed, base + 1, stream_);
+      fill_normal_device(svn_.get(), t_, nskv, opt_.seed, base + 2, stream_);
+      p.max_seqlen = *std::max_element(lens_.begin(), lens_.end()) + d_.S_new;
+      p.uniform_seqlen = std::all_of(lens_.begin(), lens_.end(), [&](int32_t v) { return v == lens_[0]; }) ? lens_[0] : -1;
+      const int splits = dec_.dec_splits ? dec_.dec_splits(p) : 1;
+      if (s == 0) {
+        splits_first_ = splits;
+        step();  // untimed warm-up: the same rows as the timed step 0, so it changes nothing
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+      }
+      splits_last_ = splits;
+      if (opt_.check && s + 1 == opt_.steps) {
+        // The checked step starts from poisoned outputs, as every checked run does: an element it
+        // leaves unwritten reads NaN (outside the step's events).
+        CUDA_CHECK(cudaMemsetAsync(so_.get(), 0xFF, so_.bytes(), stream_));
+        CUDA_CHECK(cudaMemsetAsync(slse_.get(), 0xFF, slse_.bytes(), stream_));
+      }
+      samples_.push_back(timer_->time_once(step, stream_));
+      bytes_.push_back(decode_kv_bytes(d_, lens_arr_, t_));
+      if (s + 1 < opt_.steps)
+        for (int32_t& l : lens_) l += d_.S_new;
+    }
+  }
+
+  // The last step's O and lse against the fp64 reference over the cache the run built.
+  CheckResult check_last_step() const {
+    const DecodeDims& d = d_;
     DecodeInputs h;
-    h.dims = d;
-    if (d.paged()) h.dims.num_blocks = int(int64_t(d.B) * max_blocks), h.dims.max_blocks = max_blocks;
-    h.dtype = t;
-    h.k_cache = download_array(kc, t, cache_shape);
-    h.v_cache = download_array(vc, t, cache_shape);
-    h.q = download_array(sq, t, {d.B, d.H, d.S_new, d.D});
-    h.k_new = download_array(skn, t, {d.B, d.H_kv, d.S_new, d.D});
-    h.v_new = download_array(svn, t, {d.B, d.H_kv, d.S_new, d.D});
-    h.cache_seqlens = lens_arr;  // the last step's lengths (its rows are in the cache already)
-    KernelOutputs out;
-    out.o = download_array(so, t, {d.B, d.H, d.S_new, d.D});
-    out.lse = download_array(slse, DType::F32, {d.B, d.H, d.S_new});
+    h.dims = cd_;
+    h.dtype = t_;
+    h.k_cache = download_array(kc_, t_, cache_shape_);
+    h.v_cache = download_array(vc_, t_, cache_shape_);
+    h.q = download_array(sq_, t_, {d.B, d.H, d.S_new, d.D});
+    h.k_new = download_array(skn_, t_, {d.B, d.H_kv, d.S_new, d.D});
+    h.v_new = download_array(svn_, t_, {d.B, d.H_kv, d.S_new, d.D});
+    h.cache_seqlens = lens_arr_;  // the last step's lengths (its rows are in the cache already)
+    const HostArray o = download_array(so_, t_, {d.B, d.H, d.S_new, d.D});
+    const HostArray lse = download_array(slse_, DType::F32, {d.B, d.H, d.S_new});
     DecodeRefInputs ri;
-    ri.B = d.B, ri.H = d.H, ri.H_kv = d.H_kv, ri.S_new = d.S_new, ri.D = d.D, ri.scale = shape.scale;
+    ri.B = d.B, ri.H = d.H, ri.H_kv = d.H_kv, ri.S_new = d.S_new, ri.D = d.D, ri.scale = shape_.scale;
     ri.q = &h.q, ri.k_new = &h.k_new, ri.v_new = &h.v_new, ri.k_cache = &h.k_cache, ri.v_cache = &h.v_cache;
     ri.cache_seqlens = h.cache_seqlens.data<int32_t>();
-    if (h_table) ri.block_table = h_table->data<int32_t>(), ri.block_table_stride = max_blocks, ri.page_size = page;
-    ri.threads = opt.cpu_threads;
+    if (h_table_) ri.block_table = h_table_->data<int32_t>(), ri.block_table_stride = cd_.max_blocks, ri.page_size = d.page_size;
+    ri.threads = opt_.cpu_threads;
     std::vector<DecodeRowId> rows;
     for (int b = 0; b < d.B; ++b)
       for (int hh = 0; hh < d.H; ++hh)
@@ -276,52 +247,113 @@ DecodeSimResult simulate_decode(const KernelMode& dec, const DecodeInputs& shape
     want.o.resize(rows.size() * d.D), want.lse.resize(rows.size());
     decode_reference_rows(ri, rows, want.o.data(), want.lse.data());
     for (size_t k = 0; k < rows.size(); ++k) {
-      for (int c = 0; c < d.D; ++c) got.o.push_back(element_as_double(*out.o, int64_t(k) * d.D + c));
-      got.lse.push_back(element_as_double(*out.lse, int64_t(k)));
+      for (int c = 0; c < d.D; ++c) got.o.push_back(element_as_double(o, int64_t(k) * d.D + c));
+      got.lse.push_back(element_as_double(lse, int64_t(k)));
     }
     OutputErrors base;
-    const bool half = t == DType::F16 || t == DType::BF16;
+    const bool half = t_ == DType::F16 || t_ == DType::BF16;
     if (half) {
       ReferenceRows b;
       b.o.resize(rows.size() * d.D), b.lse.resize(rows.size());
-      decode_baseline_rows(ri, t, rows, b.o.data(), b.lse.data());
+      decode_baseline_rows(ri, t_, rows, b.o.data(), b.lse.data());
       base = measure_errors(b, want, d.D);
     }
-    r.check = judge(measure_errors(got, want, d.D), t, half ? &base : nullptr);
-    r.check.rows_checked = r.check.rows_total = static_cast<int64_t>(rows.size());
-    r.check.note = "the last step, against the cache the run built";
+    CheckResult c = judge(measure_errors(got, want, d.D), t_, half ? &base : nullptr);
+    c.rows_checked = c.rows_total = static_cast<int64_t>(rows.size());
+    c.note = "the last step, against the cache the run built";
+    return c;
   }
 
-  std::vector<double> sorted = samples;
+  DecodeSimResult result() const;
+
+ private:
+  const KernelMode& dec_;
+  const DecodeInputs& shape_;
+  const DecodeSimOptions& opt_;
+  const DecodeDims& d_;
+  const DType t_;
+  const size_t es_;
+  const std::vector<int> P_;  // prompt length per batch element
+  const int P_max_;
+  const KernelMode* fe_;  // the prefill's forward pass
+  DeviceInfo dev_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<CublasHandle> cublas_;  // created if the prefill kernel uses cuBLAS
+  std::unique_ptr<GpuTimer> timer_;
+  LaunchContext ctx_;
+  DecodeDims cd_;  // the cache's dims (a paged cache: the simulation's own pool)
+  std::vector<int64_t> cache_shape_;
+  DeviceBuffer kc_, vc_, table_;
+  std::optional<HostArray> h_table_;
+  size_t fwd_ws_ = 0, ws_bytes_ = 0;
+  TimingStats ttft_;
+  DeviceBuffer sq_, skn_, svn_, so_, slse_;  // the last step's tensors
+  std::vector<int32_t> lens_;                 // the last step's cache lengths
+  HostArray lens_arr_;
+  std::vector<double> samples_, bytes_;
+  int splits_first_ = 1, splits_last_ = 1;
+};
+
+DecodeSimResult Simulation::result() const {
+  DecodeSimResult res;
+  RunRecord& r = res.run;
+  r.kernel = dec_.kernel;
+  r.mode = Mode::Decode;
+  r.gpu = true;
+  r.timing = summarize(samples_);
+  r.timing.device_events = true;
+  r.timing.held = GpuTimer::holds_stream();
+  r.timing.l2_flush = false;
+  r.timing.warmup = 1;
+  r.timing.min_samples = opt_.steps;
+  r.timing.stop_reason = "steps";
+  r.bytes = std::accumulate(bytes_.begin(), bytes_.end(), 0.0) / std::max<size_t>(bytes_.size(), 1);
+  if (r.timing.median_ms > 0) r.gbps = r.bytes / (r.timing.median_ms * 1e-3) / 1e9;
+  r.memory.workspace_bytes = ws_bytes_ + fwd_ws_ + (fe_->uses_cublas ? kCublasWorkspaceBytes : 0);
+
+  std::vector<double> sorted = samples_;
   std::sort(sorted.begin(), sorted.end());
-  const double mean = samples.empty() ? 0 : std::accumulate(samples.begin(), samples.end(), 0.0) / samples.size();
-  std::vector<int> final_lens(lens.begin(), lens.end());
-  for (int& l : final_lens) l += d.S_new;  // after the last step's append
-  res.sim = {{"prefill_kernel", fe->kernel + " forward"},
-             {"prompt_lengths", P},
-             {"steps", opt.steps},
-             {"S_new", d.S_new},
+  const double mean = samples_.empty() ? 0 : std::accumulate(samples_.begin(), samples_.end(), 0.0) / samples_.size();
+  std::vector<int> final_lens(lens_.begin(), lens_.end());
+  for (int& l : final_lens) l += d_.S_new;  // after the last step's append
+  const TimingStats& t = ttft_;
+  res.sim = {{"prefill_kernel", fe_->kernel + " forward"},
+             {"prompt_lengths", P_},
+             {"steps", opt_.steps},
+             {"S_new", d_.S_new},
              {"final_lengths", final_lens},
-             {"ttft_ms", ttft.median_ms},
-             {"ttft", {{"median_ms", ttft.median_ms}, {"min_ms", ttft.min_ms}, {"max_ms", ttft.max_ms},
-                       {"repeat", ttft.samples_ms.size()}, {"l2_flush", ttft.l2_flush}, {"samples_ms", ttft.samples_ms}}},
+             {"ttft_ms", t.median_ms},
+             {"ttft", {{"median_ms", t.median_ms}, {"min_ms", t.min_ms}, {"max_ms", t.max_ms},
+                       {"repeat", t.samples_ms.size()}, {"l2_flush", t.l2_flush}, {"samples_ms", t.samples_ms}}},
              {"tbt_ms", {{"mean", mean}, {"p50", percentile(sorted, 0.5)}, {"p99", percentile(sorted, 0.99)},
                          {"min", sorted.empty() ? 0 : sorted.front()}, {"max", sorted.empty() ? 0 : sorted.back()}}},
-             {"tbt_samples_ms", samples},
-             {"kv_bytes_first", bytes.empty() ? 0 : bytes.front()},
-             {"kv_bytes_last", bytes.empty() ? 0 : bytes.back()},
-             {"splits_first", splits_first},
-             {"splits_last", splits_last},
-             {"paged", d.paged()},
-             {"page_size", page},
+             {"tbt_samples_ms", samples_},
+             {"kv_bytes_first", bytes_.empty() ? 0 : bytes_.front()},
+             {"kv_bytes_last", bytes_.empty() ? 0 : bytes_.back()},
+             {"splits_first", splits_first_},
+             {"splits_last", splits_last_},
+             {"paged", d_.paged()},
+             {"page_size", d_.page_size},
              {"timed", "TTFT: forward + cache fill, events around both, median of the timing repetitions; "
                        "TBT: each step (update-cache kernel + attention) once, events around it, no L2 flush; "
                        "new tokens are generated outside the timed region"}};
   res.summary = fmt::format("{}: TTFT {:.3f} ms (prefill {} tokens), TBT mean {:.4f} ms p50 {:.4f} p99 {:.4f} over {} steps "
                             "(lengths {}..{}, splits {}..{})",
-                            dec.kernel, ttft.median_ms, P_max, mean, percentile(sorted, 0.5), percentile(sorted, 0.99),
-                            opt.steps, *std::min_element(P.begin(), P.end()), *std::max_element(final_lens.begin(), final_lens.end()),
-                            splits_first, splits_last);
+                            dec_.kernel, t.median_ms, P_max_, mean, percentile(sorted, 0.5), percentile(sorted, 0.99),
+                            opt_.steps, *std::min_element(P_.begin(), P_.end()),
+                            *std::max_element(final_lens.begin(), final_lens.end()), splits_first_, splits_last_);
+  return res;
+}
+
+}  // namespace
+
+DecodeSimResult simulate_decode(const KernelMode& dec, const DecodeInputs& shape, const DecodeSimOptions& opt) {
+  Simulation sim(dec, shape, opt);
+  sim.make_cache();
+  sim.prefill();
+  sim.steps();
+  DecodeSimResult res = sim.result();
+  if (opt.check && opt.steps > 0) res.run.check = sim.check_last_step();
   return res;
 }
 

@@ -1,6 +1,5 @@
 #include "run.h"
 
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -18,12 +17,13 @@
 #include "flashattn/check.h"
 #include "flashattn/error.h"
 #include "nvtx.h"
+#include "gpu_context.h"
+#include "params_build.h"
 
 namespace flashattn {
 
 namespace {
 
-constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
 // Random streams of generated inputs (the same tensor ids as flashattn-gen).
 enum GenStream : uint64_t { kGenQ = 1, kGenK = 2, kGenV = 3, kGenDO = 4 };
 
@@ -74,8 +74,7 @@ struct Session::Impl {
   SessionOptions opt;
   std::optional<DeviceInfo> dev;
   cudaStream_t stream = nullptr;
-  cublasHandle_t cublas = nullptr;
-  DeviceBuffer cublas_ws;
+  std::unique_ptr<CublasHandle> cublas;  // for the kernels that use cuBLAS, created on first use
   std::unique_ptr<GpuTimer> timer;
   size_t free_at_start = 0;
 
@@ -96,19 +95,12 @@ struct Session::Impl {
     CUDA_CHECK(cudaSetDevice(opt.device));
     dev = query_device(opt.device);
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cublas = std::make_unique<CublasHandle>(stream);
     timer = std::make_unique<GpuTimer>(dev->l2_bytes);
     size_t total = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_at_start, &total));
   }
 
-  void ensure_cublas() {
-    if (cublas) return;
-    if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) throw RuntimeError("cublasCreate failed");
-    cublas_ws = DeviceBuffer(kCublasWorkspaceBytes);
-    if (cublasSetStream(cublas, stream) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetWorkspace(cublas, cublas_ws.get(), cublas_ws.bytes()) != CUBLAS_STATUS_SUCCESS)
-      throw RuntimeError("cuBLAS handle setup failed");
-  }
 
   bool generated() const { return in.generate_seed.has_value(); }
   bool has_dout() const { return in.dout.has_value() || generated(); }
@@ -194,38 +186,19 @@ struct Session::Impl {
   }
 
   LaunchContext context(const KernelMode& e) {
-    LaunchContext ctx;
-    if (e.gpu) {
-      ctx.stream = stream;
-      ctx.device = opt.device;
-      ctx.sm = dev->sm();
-      ctx.sm_count = dev->sm_count;
-      ctx.smem_optin = dev->smem_per_block_optin;
-      ctx.l2_bytes = dev->l2_bytes;
-      if (e.uses_cublas) {
-        ensure_cublas();
-        ctx.cublas = cublas;
-      }
+    if (!e.gpu) {
+      LaunchContext ctx;
+      ctx.cpu_threads = opt.cpu_threads;
+      return ctx;
     }
-    ctx.cpu_threads = opt.cpu_threads;
+    LaunchContext ctx = gpu_launch_context(*dev, opt.device, stream, opt.cpu_threads);
+    if (e.uses_cublas) ctx.cublas = cublas->get();
     return ctx;
   }
 
   // Forward params with the problem's sizes and flags; pointers filled by the caller.
   FwdParams base_params(bool gpu) const {
-    const Problem& p = in.problem;
-    FwdParams f;
-    f.dtype = p.dtype;
-    f.layout = p.layout;
-    f.B = dims().B, f.H = dims().H, f.H_kv = dims().H_kv, f.S_q = dims().S_q, f.S_k = dims().S_k, f.D = dims().D;
-    f.scale_f64 = p.scale;
-    f.scale = static_cast<float>(p.scale);
-    f.scale_log2 = static_cast<float>(p.scale * 1.4426950408889634074);
-    f.causal = p.causal;
-    f.window_left = p.window_left;
-    f.window_right = p.effective_window_right();
-    f.q_st = f.o_st = layout_strides(p.layout, dims().H, dims().S_q, dims().D);
-    f.k_st = f.v_st = layout_strides(p.layout, dims().H_kv, dims().S_k, dims().D);
+    FwdParams f = forward_params(in.problem);
     f.num_sms = gpu && dev ? dev->sm_count : 0;
     f.deterministic = opt.deterministic;
     return f;
@@ -507,7 +480,7 @@ Session::Session(RunInputs inputs, SessionOptions opt) : impl_(std::make_unique<
 }
 
 Session::~Session() {
-  if (impl_->cublas) cublasDestroy(impl_->cublas);
+  impl_->cublas.reset();  // before its stream
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
 
