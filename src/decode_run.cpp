@@ -38,13 +38,6 @@ std::string human_bytes(double b) {
   return os.str();
 }
 
-std::string dtype_list(uint32_t mask) {
-  std::string s;
-  for (int t = 0; t < kNumDTypes; ++t)
-    if (mask & (1u << t)) s += (s.empty() ? "" : ",") + std::string(dtype_name(static_cast<DType>(t)));
-  return s;
-}
-
 // Elements of `got` that differ bitwise from `want` (same dtype and shape).
 int64_t count_mismatches(const HostArray& got, const HostArray& want) {
   if (got.nbytes() != want.nbytes()) return std::max(got.numel(), want.numel());
@@ -57,26 +50,8 @@ int64_t count_mismatches(const HostArray& got, const HostArray& want) {
 }  // namespace
 
 std::string decode_why_unsupported(const KernelMode& e, const DecodeDims& d, DType dtype, int sm) {
-  const std::string who = "kernel '" + e.kernel + "' (decode)";
-  if (!(e.dtypes & dtype_bit(dtype)))
-    return who + " does not support dtype " + dtype_name(dtype) + " (supports " + dtype_list(e.dtypes) + ")";
-  if (!e.head_dims.empty()) {
-    if (std::find(e.head_dims.begin(), e.head_dims.end(), d.D) == e.head_dims.end()) {
-      std::string dims;
-      for (int x : e.head_dims) dims += (dims.empty() ? "" : ",") + std::to_string(x);
-      return who + " does not support head dim " + std::to_string(d.D) + " (supports " + dims + ")";
-    }
-  } else if (e.max_head_dim > 0 && d.D > e.max_head_dim) {
-    return who + " does not support head dim " + std::to_string(d.D) + " (supports 1.." + std::to_string(e.max_head_dim) + ")";
-  }
-  uint32_t need = 0;
-  if (d.H != d.H_kv) need |= kFeatGQA;
-  if (d.paged()) need |= kFeatPaged;
-  const uint32_t missing = need & ~e.features;
-  for (int bit = 0; bit < kNumFeatures; ++bit)
-    if (missing & (1u << bit)) return who + " does not support " + feature_name(1u << bit);
-  const std::string gpu_why = why_gpu_unsupported(e, sm);
-  return gpu_why.empty() ? "" : who + " " + gpu_why;
+  const uint32_t features = (d.H != d.H_kv ? kFeatGQA : 0u) | (d.paged() ? kFeatPaged : 0u);
+  return why_unsupported(e, Requirements{dtype, d.D, features}, sm);
 }
 
 double decode_visible_pairs(const DecodeDims& d, const HostArray& cache_seqlens) {

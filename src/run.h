@@ -80,8 +80,18 @@ struct RunRecord {
   std::optional<DType> dtype;
 };
 
-// "" when `entry` can run problem `p` on a device of compute capability `sm` (0: no GPU); else a
-// one-line reason naming what is unsupported and what the kernel supports.
+// What a problem asks of a kernel, in the terms kernels declare in the registry.
+struct Requirements {
+  DType dtype = DType::F32;
+  int head_dim = 0;
+  uint32_t features = 0;  // kFeat* bits
+};
+
+// "" when `entry` meets `need` on a device of compute capability `sm` (0: no GPU); else a one-line
+// reason naming what is unsupported and what the kernel supports. Every workload's support
+// question ends here (forward/backward below, decode in decode_run.h).
+std::string why_unsupported(const KernelMode& entry, const Requirements& need, int sm);
+// A forward/backward problem's requirements.
 std::string why_unsupported(const KernelMode& entry, const Problem& p, int sm);
 
 // NVTX range name of a run, e.g. "fa2 forward B4 H8 S4096 D64 bf16 causal".

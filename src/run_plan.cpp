@@ -29,11 +29,11 @@ std::string dtype_list(uint32_t mask) {
 
 }  // namespace
 
-std::string why_unsupported(const KernelMode& e, const Problem& p, int sm) {
+std::string why_unsupported(const KernelMode& e, const Requirements& need, int sm) {
   const std::string who = "kernel '" + e.kernel + "' (" + mode_name(e.mode) + ")";
-  if (!(e.dtypes & dtype_bit(p.dtype)))
-    return who + " does not support dtype " + dtype_name(p.dtype) + " (supports " + dtype_list(e.dtypes) + ")";
-  const int D = p.dims.D;
+  if (!(e.dtypes & dtype_bit(need.dtype)))
+    return who + " does not support dtype " + dtype_name(need.dtype) + " (supports " + dtype_list(e.dtypes) + ")";
+  const int D = need.head_dim;
   if (!e.head_dims.empty()) {
     if (std::find(e.head_dims.begin(), e.head_dims.end(), D) == e.head_dims.end())
       return who + " does not support head dim " + std::to_string(D) + " (supports " + join_ints(e.head_dims) + ")";
@@ -41,7 +41,7 @@ std::string why_unsupported(const KernelMode& e, const Problem& p, int sm) {
     return who + " does not support head dim " + std::to_string(D) + " (supports 1.." +
            std::to_string(e.max_head_dim) + ")";
   }
-  const uint32_t missing = p.required_features() & ~e.features;
+  const uint32_t missing = need.features & ~e.features;
   if (missing) {
     std::string names;
     for (int b = 0; b < kNumFeatures; ++b)
@@ -50,6 +50,10 @@ std::string why_unsupported(const KernelMode& e, const Problem& p, int sm) {
   }
   const std::string gpu_why = why_gpu_unsupported(e, sm);
   return gpu_why.empty() ? "" : who + " " + gpu_why;
+}
+
+std::string why_unsupported(const KernelMode& e, const Problem& p, int sm) {
+  return why_unsupported(e, Requirements{p.dtype, p.dims.D, p.required_features()}, sm);
 }
 
 std::string nvtx_name(const KernelMode& e, const Problem& p) {
