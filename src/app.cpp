@@ -106,11 +106,6 @@ void check_conversion_finite(const Dataset& ds, const std::string& name, const H
 }
 
 // One planned run.
-struct Planned {
-  const KernelMode* entry = nullptr;
-  std::string skip_reason;  // non-empty: recorded as skipped, not run
-};
-
 }  // namespace
 
 TimingOptions timing_options(const AppOptions& opt) {
@@ -302,35 +297,15 @@ RunInputs make_inputs(const AppOptions& opt, const Dataset& ds, const std::vecto
   return in;
 }
 
-// Runs the plan in order: skipped pairs are recorded; under `all`, an input error of one kernel
-// skips that kernel; a runtime error fails its run and the rest go on.
-struct Outcome {
-  std::vector<RunRecord> records;
-  bool any_failed = false, any_check_failed = false;
-};
+// The forward/backward workload of one dtype group: each planned kernel on the group's session.
+class FwdBwdWorkload : public Workload {
+ public:
+  explicit FwdBwdWorkload(Session& s) : session_(s) {}
+  RunRecord run(const KernelMode& e) override { return session_.run(e); }
 
-Outcome run_plan(const std::vector<Planned>& plan, Session& session, bool all) {
-  Outcome out;
-  for (const Planned& p : plan) {
-    if (!p.skip_reason.empty()) {
-      out.records.push_back(not_run(*p.entry, p.entry->mode, RunStatus::Skipped, p.skip_reason));
-      continue;
-    }
-    try {
-      RunRecord r = session.run(*p.entry);
-      if (r.check.performed && !r.check.passed) out.any_check_failed = true;
-      out.records.push_back(std::move(r));
-    } catch (const InputError& e) {
-      if (!all) throw;
-      out.records.push_back(not_run(*p.entry, p.entry->mode, RunStatus::Skipped, e.what()));
-    } catch (const RuntimeError& e) {
-      std::fprintf(stderr, "error: %s\n", e.what());
-      out.records.push_back(not_run(*p.entry, p.entry->mode, RunStatus::Failed, e.what()));
-      out.any_failed = true;
-    }
-  }
-  return out;
-}
+ private:
+  Session& session_;
+};
 
 // Each kernel that ran writes its outputs and its timing.json into its own directory, all of
 // them or none.
@@ -494,7 +469,8 @@ int run_forward_backward(const AppOptions& opt) {
       if (opt.ceilings && hdr.device) hdr.ceilings = ceilings_json(measure_ceilings(dev.device, so.timing));
     }
     if (!opt.quiet) con.print(run_title(g.prob, hdr));
-    Outcome run = run_plan(g.plan, session, all);
+    FwdBwdWorkload work(session);
+    Outcome run = run_planned(g.plan, all, work);
     if (groups.size() > 1)
       for (RunRecord& r : run.records) r.dtype = g.dtype;
     if (!opt.no_write) {

@@ -186,12 +186,12 @@ std::string decode_title(const AppOptions& opt, const DecodeInputs& in, const De
 
 // What each planned kernel's run produced: its record, its "decode" JSON object (null when it did
 // not run), its caches, and its console line.
-struct DecodeOutcome {
-  std::vector<RunRecord> records;
+// A decode run's records and what each adds: its "decode" JSON object (null for a run that did
+// not happen), its step record (updated caches), and its console line.
+struct DecodeOutcome : Outcome {
   std::vector<json> extras;
   std::vector<DecodeRecord> decoded;
   std::vector<std::string> lines;
-  bool any_failed = false, any_check_failed = false;
 };
 
 // The bandwidth a decode step is compared with: the measured copy rate (--ceilings), else the
@@ -201,74 +201,73 @@ struct BandwidthRef {
   const char* kind = "dram_peak";
 };
 
-// Runs the plan: a simulation per kernel with --steps, else one step each in a shared session
-// (made once: the caches can be GBs, so they move into it).
-DecodeOutcome run_decode_plan(const AppOptions& opt, const std::vector<const KernelMode*>& plan,
-                              const std::vector<std::string>& skip, bool all, DecodeInputs& in,
-                              const DecodeSimOptions& so, const BandwidthRef& ref,
-                              std::unique_ptr<DecodeSession>* session) {
-  DecodeOutcome out;
-  for (size_t k = 0; k < plan.size(); ++k) {
-    const KernelMode& e = *plan[k];
-    auto skipped = [&](RunStatus status, const std::string& reason) {
-      out.records.push_back(not_run(e, Mode::Decode, status, reason));
-      out.extras.push_back(nullptr);
-      out.decoded.emplace_back();
-    };
-    if (!skip[k].empty()) {
-      skipped(RunStatus::Skipped, skip[k]);
-      continue;
-    }
-    try {
-      if (opt.steps > 0) {
-        DecodeSimResult s = simulate_decode(e, in, so);
-        DecodeRecord dr;
-        dr.run = s.run;
-        json x = lengths_json(in);
-        x["S_new"] = in.dims.S_new, x["S_max"] = in.dims.S_max, x["paged"] = in.dims.paged(),
-        x["page_size"] = in.dims.page_size;
-        x["simulation"] = s.sim;
-        if (s.run.check.performed && !s.run.check.passed) out.any_check_failed = true;
-        out.records.push_back(s.run);
-        out.extras.push_back(x);
-        out.decoded.push_back(std::move(dr));
-        out.lines.push_back("  " + s.summary);
-        continue;
-      }
-      if (!*session) {
-        DecodeOptions dopt;
-        dopt.device = so.device, dopt.timing = so.timing, dopt.check = opt.check, dopt.cpu_threads = opt.threads;
-        dopt.cpu_timing.warmup = std::min(opt.warmup, 1);
-        dopt.cpu_timing.repeat = std::min(opt.repeat, 3);
-        dopt.seed = opt.seed, dopt.splits = opt.splits, dopt.keep_caches = opt.write_cache && !opt.no_write;
-        *session = std::make_unique<DecodeSession>(std::move(in), dopt);  // the caches can be GBs: no copy
-      }
-      DecodeRecord dr = (*session)->run(e);
-      if (dr.run.check.performed && !dr.run.check.passed) out.any_check_failed = true;
-      const double step_gbps = dr.run.gbps;
-      const double attend_gbps = dr.attend.median_ms > 0 ? dr.kv_bytes / (dr.attend.median_ms * 1e-3) / 1e9 : 0;
-      std::string line =
-          fmt::format("  decode {}: splits {}{}, K+V {:.1f} MB; step (update + attention) {:.4f} ms {:.0f} GB/s{}",
-                      e.kernel, dr.splits, opt.splits > 0 ? " (forced)" : "", dr.kv_bytes / 1e6,
-                      dr.run.timing.median_ms, step_gbps, fraction_str(step_gbps, ref.gbps, ref.kind));
-      if (dr.attend.median_ms > 0)
-        line += fmt::format("; attention alone {:.4f} ms {:.0f} GB/s{}", dr.attend.median_ms, attend_gbps,
-                            fraction_str(attend_gbps, ref.gbps, ref.kind));
-      out.lines.push_back(line);
-      out.records.push_back(dr.run);
-      out.extras.push_back(decode_json(dr, (*session)->inputs(), opt.splits, ref.gbps, ref.kind));
-      out.decoded.push_back(std::move(dr));
-    } catch (const InputError& err) {
-      if (!all) throw;
-      skipped(RunStatus::Skipped, err.what());
-    } catch (const RuntimeError& err) {
-      std::fprintf(stderr, "error: %s\n", err.what());
-      skipped(RunStatus::Failed, err.what());
-      out.any_failed = true;
-    }
+// The decode workload: a simulation per kernel with --steps, else one step each in a shared
+// session (made on first use: the caches can be GBs, so they move into it).
+class DecodeWorkload : public Workload {
+ public:
+  DecodeWorkload(const AppOptions& opt, DecodeInputs& in, const DecodeSimOptions& so, const BandwidthRef& ref,
+                 DecodeOutcome* out)
+      : opt_(opt), in_(in), so_(so), ref_(ref), out_(out) {}
+
+  RunRecord run(const KernelMode& e) override { return opt_.steps > 0 ? simulate(e) : step(e); }
+
+  // Keeps extras and decoded aligned with the records: a run that did not happen adds none.
+  void recorded(const RunRecord&) override {
+    if (out_->extras.size() > n_) return void(++n_);
+    out_->extras.push_back(nullptr);
+    out_->decoded.emplace_back();
+    ++n_;
   }
-  return out;
-}
+
+ private:
+  RunRecord simulate(const KernelMode& e) {
+    DecodeSimResult s = simulate_decode(e, in_, so_);
+    DecodeRecord dr;
+    dr.run = s.run;
+    json x = lengths_json(in_);
+    x["S_new"] = in_.dims.S_new, x["S_max"] = in_.dims.S_max, x["paged"] = in_.dims.paged(),
+    x["page_size"] = in_.dims.page_size;
+    x["simulation"] = s.sim;
+    out_->extras.push_back(x);
+    out_->decoded.push_back(std::move(dr));
+    out_->lines.push_back("  " + s.summary);
+    return s.run;
+  }
+
+  RunRecord step(const KernelMode& e) {
+    if (!session_) {
+      DecodeOptions dopt;
+      dopt.device = so_.device, dopt.timing = so_.timing, dopt.check = opt_.check, dopt.cpu_threads = opt_.threads;
+      dopt.cpu_timing.warmup = std::min(opt_.warmup, 1);
+      dopt.cpu_timing.repeat = std::min(opt_.repeat, 3);
+      dopt.seed = opt_.seed, dopt.splits = opt_.splits, dopt.keep_caches = opt_.write_cache && !opt_.no_write;
+      session_ = std::make_unique<DecodeSession>(std::move(in_), dopt);  // the caches can be GBs: no copy
+    }
+    DecodeRecord dr = session_->run(e);
+    const double step_gbps = dr.run.gbps;
+    const double attend_gbps = dr.attend.median_ms > 0 ? dr.kv_bytes / (dr.attend.median_ms * 1e-3) / 1e9 : 0;
+    std::string line =
+        fmt::format("  decode {}: splits {}{}, K+V {:.1f} MB; step (update + attention) {:.4f} ms {:.0f} GB/s{}",
+                    e.kernel, dr.splits, opt_.splits > 0 ? " (forced)" : "", dr.kv_bytes / 1e6,
+                    dr.run.timing.median_ms, step_gbps, fraction_str(step_gbps, ref_.gbps, ref_.kind));
+    if (dr.attend.median_ms > 0)
+      line += fmt::format("; attention alone {:.4f} ms {:.0f} GB/s{}", dr.attend.median_ms, attend_gbps,
+                          fraction_str(attend_gbps, ref_.gbps, ref_.kind));
+    out_->lines.push_back(line);
+    out_->extras.push_back(decode_json(dr, session_->inputs(), opt_.splits, ref_.gbps, ref_.kind));
+    RunRecord r = dr.run;
+    out_->decoded.push_back(std::move(dr));
+    return r;
+  }
+
+  const AppOptions& opt_;
+  DecodeInputs& in_;
+  const DecodeSimOptions& so_;
+  const BandwidthRef& ref_;
+  DecodeOutcome* out_;
+  std::unique_ptr<DecodeSession> session_;
+  size_t n_ = 0;  // records seen
+};
 
 // The session JSON of some of the records, with each one's "decode" object.
 json decode_document(const ReportHeader& hdr, const DecodeOutcome& run, const std::vector<size_t>& which) {
@@ -336,14 +335,14 @@ int run_decode(const AppOptions& opt) {
   DecodeSimOptions so;
   so.device = device, so.timing = timing_options(opt), so.steps = opt.steps, so.prompt_len = opt.prompt_len;
   so.seed = opt.seed, so.splits = opt.splits, so.check = opt.check, so.cpu_threads = opt.threads;
-  std::vector<std::string> skip(plan.size());
+  std::vector<Planned> planned(plan.size());
   for (size_t k = 0; k < plan.size(); ++k) {
     const KernelMode& e = *plan[k];
     const int sm = device >= 0 ? dc.sm : std::max(e.min_sm, 1);
     std::string why = opt.steps > 0 ? decode_sim_unsupported(e, in, so, sm) : decode_why_unsupported(e, in.dims, dtype, sm);
     if (why.empty() && device < 0 && e.gpu) why = "kernel '" + e.kernel + "' needs a GPU: " + dc.no_device;
     if (!why.empty() && !all) throw InputError(why);
-    skip[k] = why;
+    planned[k] = Planned{&e, why};
   }
   for (const std::string& n : notes) con.note(n);
 
@@ -377,8 +376,9 @@ int run_decode(const AppOptions& opt) {
   }
   if (!opt.quiet) con.print(decode_title(opt, in, hdr.device));
 
-  std::unique_ptr<DecodeSession> session;
-  const DecodeOutcome run = run_decode_plan(opt, plan, skip, all, in, so, ref, &session);
+  DecodeOutcome run;
+  DecodeWorkload work(opt, in, so, ref, &run);
+  static_cast<Outcome&>(run) = run_planned(planned, all, work);
   if (hdr.device) hdr.sm_clock_end_mhz = nvml_sm_clock_mhz(*hdr.device);
   if (!opt.no_write && opt.steps == 0) {
     for (size_t k = 0; k < run.records.size(); ++k) {

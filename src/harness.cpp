@@ -61,6 +61,34 @@ RunRecord not_run(const KernelMode& e, Mode mode, RunStatus status, const std::s
   return r;
 }
 
+Outcome run_planned(const std::vector<Planned>& plan, bool all, Workload& w) {
+  Outcome out;
+  auto record = [&](RunRecord r) {
+    w.recorded(r);
+    out.records.push_back(std::move(r));
+  };
+  for (const Planned& p : plan) {
+    const KernelMode& e = *p.entry;
+    if (!p.skip_reason.empty()) {
+      record(not_run(e, e.mode, RunStatus::Skipped, p.skip_reason));
+      continue;
+    }
+    try {
+      RunRecord r = w.run(e);
+      if (r.check.performed && !r.check.passed) out.any_check_failed = true;
+      record(std::move(r));
+    } catch (const InputError& err) {
+      if (!all) throw;
+      record(not_run(e, e.mode, RunStatus::Skipped, err.what()));
+    } catch (const RuntimeError& err) {
+      std::fprintf(stderr, "error: %s\n", err.what());
+      record(not_run(e, e.mode, RunStatus::Failed, err.what()));
+      out.any_failed = true;
+    }
+  }
+  return out;
+}
+
 std::string json_text(const nlohmann::json& doc) {
   return doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }

@@ -1,6 +1,7 @@
 // The pieces every workload's driver shares (forward/backward in app.cpp, decode in
-// decode_app.cpp): the console, the device choice, the device part of the report header, records
-// of runs that did not happen, the session JSON's destination and the exit code.
+// decode_app.cpp): the console, the device choice, the device part of the report header, the
+// plan -> skip -> run -> record loop over a small workload interface, records of runs that did
+// not happen, the session JSON's destination and the exit code.
 #pragma once
 
 #include <cstdio>
@@ -42,6 +43,34 @@ void note_device_state(ReportHeader* hdr, int device, const Console* con = nullp
 
 // A record for a (kernel, mode) that did not run (skipped) or failed, and why.
 RunRecord not_run(const KernelMode& e, Mode mode, RunStatus status, const std::string& reason);
+
+// One (kernel, mode) of a plan: run it, or record it as skipped with the reason (made from the
+// kernel's declared requirements before anything runs).
+struct Planned {
+  const KernelMode* entry = nullptr;
+  std::string skip_reason;  // non-empty: recorded as skipped, not run
+};
+
+// What a workload (forward/backward, decode, decode simulation) gives the shared loop.
+class Workload {
+ public:
+  virtual ~Workload() = default;
+  // Runs one planned kernel: timed, checked when asked, its outputs kept for the commit. Throws
+  // InputError for a problem this kernel refuses, RuntimeError when it fails.
+  virtual RunRecord run(const KernelMode& e) = 0;
+  // Told of each record in plan order, run or not (a workload keeping per-run extras aligns them).
+  virtual void recorded(const RunRecord& r) { (void)r; }
+};
+
+struct Outcome {
+  std::vector<RunRecord> records;  // in plan order
+  bool any_failed = false, any_check_failed = false;
+};
+
+// Runs the plan in order: a skipped pair is recorded with its reason; an input error of one
+// kernel skips it under `all` (named explicitly, it ends the command); a runtime error fails its
+// run (printed at once) and the rest go on.
+Outcome run_planned(const std::vector<Planned>& plan, bool all, Workload& w);
 
 // The session JSON as written everywhere: two-space indent, invalid UTF-8 replaced, a newline.
 std::string json_text(const nlohmann::json& doc);
