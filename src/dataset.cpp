@@ -49,6 +49,122 @@ std::string dims_template(const std::string& name, Layout layout) {
 
 }  // namespace
 
+namespace {
+
+// Q, K and V: rank 4 in the layout, one float dtype, shapes that agree; sets ds->dims.
+void check_qkv(Dataset* ds, const std::string& dir) {
+  const std::string ext = ext_of(ds->format);
+  auto file = [&](const std::string& name) { return join(dir, name + ext); };
+  for (const char* name : {"Q", "K", "V"}) {
+    const HostArray& a = name[0] == 'Q' ? ds->q : name[0] == 'K' ? ds->k : ds->v;
+    if (a.rank() != 4) {
+      throw InputError(file(name) + ": expected rank 4 " + dims_template(name, ds->layout) + " (" +
+                       layout_name(ds->layout) + "), got shape " + shape_str(a.shape));
+    }
+    if (!dtype_is_float(a.dtype)) {
+      throw InputError(file(name) + ": dtype " + dtype_name(a.dtype) + " is not supported for " + name +
+                       " (fp32, fp16, bf16 or fp64)");
+    }
+  }
+  if (ds->k.dtype != ds->q.dtype || ds->v.dtype != ds->q.dtype) {
+    throw InputError(dir + ": Q" + ext + " is " + dtype_name(ds->q.dtype) + ", K" + ext + " is " +
+                     dtype_name(ds->k.dtype) + ", V" + ext + " is " + dtype_name(ds->v.dtype) +
+                     ": Q, K and V must have the same dtype");
+  }
+  if (ds->k.shape != ds->v.shape) {
+    throw InputError(dir + ": K" + ext + " has shape " + shape_str(ds->k.shape) + " but V" + ext + " has " +
+                     shape_str(ds->v.shape) + ": K and V must have the same shape");
+  }
+  ds->dtype = ds->q.dtype;
+  const int hi = ds->layout == Layout::BSHD ? 2 : 1, si = ds->layout == Layout::BSHD ? 1 : 2;
+  const int64_t B = ds->q.shape[0], H = ds->q.shape[hi], S_q = ds->q.shape[si], D = ds->q.shape[3];
+  const int64_t H_kv = ds->k.shape[hi], S_k = ds->k.shape[si];
+  const std::pair<const char*, int64_t> sizes[] = {{"B", B}, {"H", H}, {"S_q", S_q}, {"D", D},
+                                                   {"H_kv", H_kv}, {"S_k", S_k}};
+  for (const auto& s : sizes) {
+    const std::string owner = (s.first == std::string("H_kv") || s.first == std::string("S_k")) ? "K" : "Q";
+    if (s.second < 1) {
+      throw InputError(file(owner) + ": " + s.first + " = " + std::to_string(s.second) + "; every size must be >= 1");
+    }
+    if (s.second > std::numeric_limits<int>::max()) {
+      throw InputError(file(owner) + ": " + s.first + " = " + std::to_string(s.second) + " is too large");
+    }
+  }
+  if (ds->k.shape[0] != B) {
+    throw InputError(dir + ": Q" + ext + " has B=" + std::to_string(B) + ", K" + ext + " has B=" +
+                     std::to_string(ds->k.shape[0]) + ": batch sizes must agree");
+  }
+  if (ds->k.shape[3] != D) {
+    throw InputError(dir + ": Q" + ext + " has D=" + std::to_string(D) + ", K" + ext + " has D=" +
+                     std::to_string(ds->k.shape[3]) + ": head dims must agree");
+  }
+  if (H % H_kv != 0) {
+    throw InputError(dir + ": Q" + ext + " has H=" + std::to_string(H) + " heads, K" + ext + " has H_kv=" +
+                     std::to_string(H_kv) + ": H must be a multiple of H_kv");
+  }
+  ds->dims = Dims{static_cast<int>(B), static_cast<int>(H), static_cast<int>(H_kv),
+                  static_cast<int>(S_q), static_cast<int>(S_k), static_cast<int>(D)};
+}
+
+// dO: Q's shape, a float dtype (converted to Q's).
+HostArray checked_dout(HostArray d, const Dataset& ds, const std::string& path, std::vector<std::string>* notices) {
+  if (d.shape != ds.q.shape) {
+    throw InputError(path + ": shape " + shape_str(d.shape) + " differs from Q's " + shape_str(ds.q.shape) +
+                     "; dO must have the shape of Q");
+  }
+  if (!dtype_is_float(d.dtype)) throw InputError(path + ": dtype " + dtype_name(d.dtype) + " is not a float dtype");
+  if (d.dtype != ds.dtype) {
+    notices->push_back(path + ": converted " + dtype_name(d.dtype) + " to " + dtype_name(ds.dtype) + " to match Q");
+    d = convert(d, ds.dtype);
+  }
+  return d;
+}
+
+// seqlens_k: int32 (int64 converted) [B], each in [0, S_k].
+HostArray checked_seqlens(const HostArray& s, const Dims& dims, const std::string& path,
+                          std::vector<std::string>* notices) {
+  if (s.dtype != DType::I32 && s.dtype != DType::I64) {
+    throw InputError(path + ": dtype " + dtype_name(s.dtype) + " is not supported (int32, or int64 converted)");
+  }
+  if (s.shape != std::vector<int64_t>{dims.B}) {
+    throw InputError(path + ": expected shape [B] = [" + std::to_string(dims.B) + "], got " + shape_str(s.shape));
+  }
+  HostArray s32(DType::I32, s.shape);
+  for (int64_t b = 0; b < dims.B; ++b) {
+    const int64_t len = s.dtype == DType::I32 ? s.data<int32_t>()[b] : s.data<int64_t>()[b];
+    if (len < 0 || len > dims.S_k) {
+      throw InputError(path + ": seqlens_k[" + std::to_string(b) + "] = " + std::to_string(len) +
+                       " is outside [0, S_k] = [0, " + std::to_string(dims.S_k) + "]");
+    }
+    s32.data<int32_t>()[b] = static_cast<int32_t>(len);
+  }
+  if (s.dtype == DType::I64) notices->push_back(path + ": converted int64 to int32");
+  return s32;
+}
+
+// mask: a float dtype (used as fp32), broadcastable to [B, H, S_q, S_k], no NaN or +inf.
+HostArray checked_mask(HostArray m, const Dims& dims, const std::string& path, std::vector<std::string>* notices) {
+  if (!dtype_is_float(m.dtype)) {
+    throw InputError(path + ": dtype " + dtype_name(m.dtype) + " is not supported (a float dtype, used as fp32)");
+  }
+  (void)mask_view(m.shape, dims, nullptr, path);  // shape check before the conversion pass
+  if (m.dtype != DType::F32) {
+    notices->push_back(path + ": converted " + dtype_name(m.dtype) + " to fp32");
+    m = convert(m, DType::F32);
+  }
+  const float* p = m.data<float>();
+  for (int64_t i = 0, n = m.numel(); i < n; ++i) {
+    // -inf masks a key out; NaN and +inf have no meaning as an additive score term.
+    if (std::isnan(p[i]) || p[i] == std::numeric_limits<float>::infinity()) {
+      throw InputError(path + ": " + (std::isnan(p[i]) ? "NaN" : "+inf") + " at flat index " + std::to_string(i) +
+                       " (use -inf to mask a key out)");
+    }
+  }
+  return m;
+}
+
+}  // namespace
+
 Dataset load_dataset(const std::string& dir, const LoadOptions& opt) {
   std::error_code ec;
   if (!fs::exists(dir, ec)) throw InputError(dir + ": no such directory");
@@ -96,117 +212,13 @@ Dataset load_dataset(const std::string& dir, const LoadOptions& opt) {
   ds.v = load("V", fv);
   if (ds.format == FileFormat::Npy) ds.source = "npy";
   else ds.source = bin_shapes->from_meta() ? "bin+meta.json" : "bin+dirname";
+  check_qkv(&ds, dir);
 
-  const std::string ext = ext_of(ds.format);
-  auto file = [&](const std::string& name) { return join(dir, name + ext); };
-  for (const char* name : {"Q", "K", "V"}) {
-    const HostArray& a = name[0] == 'Q' ? ds.q : name[0] == 'K' ? ds.k : ds.v;
-    if (a.rank() != 4) {
-      throw InputError(file(name) + ": expected rank 4 " + dims_template(name, ds.layout) + " (" +
-                       layout_name(ds.layout) + "), got shape " + shape_str(a.shape));
-    }
-    if (!dtype_is_float(a.dtype)) {
-      throw InputError(file(name) + ": dtype " + dtype_name(a.dtype) + " is not supported for " + name +
-                       " (fp32, fp16, bf16 or fp64)");
-    }
-  }
-  if (ds.k.dtype != ds.q.dtype || ds.v.dtype != ds.q.dtype) {
-    throw InputError(dir + ": Q" + ext + " is " + dtype_name(ds.q.dtype) + ", K" + ext + " is " +
-                     dtype_name(ds.k.dtype) + ", V" + ext + " is " + dtype_name(ds.v.dtype) +
-                     ": Q, K and V must have the same dtype");
-  }
-  if (ds.k.shape != ds.v.shape) {
-    throw InputError(dir + ": K" + ext + " has shape " + shape_str(ds.k.shape) + " but V" + ext + " has " +
-                     shape_str(ds.v.shape) + ": K and V must have the same shape");
-  }
-  ds.dtype = ds.q.dtype;
-  const int hi = ds.layout == Layout::BSHD ? 2 : 1, si = ds.layout == Layout::BSHD ? 1 : 2;
-  const int64_t B = ds.q.shape[0], H = ds.q.shape[hi], S_q = ds.q.shape[si], D = ds.q.shape[3];
-  const int64_t H_kv = ds.k.shape[hi], S_k = ds.k.shape[si];
-  const std::pair<const char*, int64_t> sizes[] = {{"B", B}, {"H", H}, {"S_q", S_q}, {"D", D},
-                                                   {"H_kv", H_kv}, {"S_k", S_k}};
-  for (const auto& s : sizes) {
-    const std::string owner = (s.first == std::string("H_kv") || s.first == std::string("S_k")) ? "K" : "Q";
-    if (s.second < 1) {
-      throw InputError(file(owner) + ": " + s.first + " = " + std::to_string(s.second) + "; every size must be >= 1");
-    }
-    if (s.second > std::numeric_limits<int>::max()) {
-      throw InputError(file(owner) + ": " + s.first + " = " + std::to_string(s.second) + " is too large");
-    }
-  }
-  if (ds.k.shape[0] != B) {
-    throw InputError(dir + ": Q" + ext + " has B=" + std::to_string(B) + ", K" + ext + " has B=" +
-                     std::to_string(ds.k.shape[0]) + ": batch sizes must agree");
-  }
-  if (ds.k.shape[3] != D) {
-    throw InputError(dir + ": Q" + ext + " has D=" + std::to_string(D) + ", K" + ext + " has D=" +
-                     std::to_string(ds.k.shape[3]) + ": head dims must agree");
-  }
-  if (H % H_kv != 0) {
-    throw InputError(dir + ": Q" + ext + " has H=" + std::to_string(H) + " heads, K" + ext + " has H_kv=" +
-                     std::to_string(H_kv) + ": H must be a multiple of H_kv");
-  }
-  ds.dims = Dims{static_cast<int>(B), static_cast<int>(H), static_cast<int>(H_kv),
-                 static_cast<int>(S_q), static_cast<int>(S_k), static_cast<int>(D)};
-
-  if (const auto f = find("dO", false)) {
-    HostArray d = load("dO", *f);
-    const std::string path = join(dir, std::string("dO") + ext_of(*f));
-    if (d.shape != ds.q.shape) {
-      throw InputError(path + ": shape " + shape_str(d.shape) + " differs from Q's " + shape_str(ds.q.shape) +
-                       "; dO must have the shape of Q");
-    }
-    if (!dtype_is_float(d.dtype)) throw InputError(path + ": dtype " + dtype_name(d.dtype) + " is not a float dtype");
-    if (d.dtype != ds.dtype) {
-      ds.notices.push_back(path + ": converted " + dtype_name(d.dtype) + " to " + dtype_name(ds.dtype) + " to match Q");
-      d = convert(d, ds.dtype);
-    }
-    ds.dout = std::move(d);
-  }
-
-  if (const auto f = find("seqlens_k", false)) {
-    HostArray s = load("seqlens_k", *f);
-    const std::string path = join(dir, std::string("seqlens_k") + ext_of(*f));
-    if (s.dtype != DType::I32 && s.dtype != DType::I64) {
-      throw InputError(path + ": dtype " + dtype_name(s.dtype) + " is not supported (int32, or int64 converted)");
-    }
-    if (s.shape != std::vector<int64_t>{B}) {
-      throw InputError(path + ": expected shape [B] = [" + std::to_string(B) + "], got " + shape_str(s.shape));
-    }
-    HostArray s32(DType::I32, s.shape);
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t len = s.dtype == DType::I32 ? s.data<int32_t>()[b] : s.data<int64_t>()[b];
-      if (len < 0 || len > S_k) {
-        throw InputError(path + ": seqlens_k[" + std::to_string(b) + "] = " + std::to_string(len) +
-                         " is outside [0, S_k] = [0, " + std::to_string(S_k) + "]");
-      }
-      s32.data<int32_t>()[b] = static_cast<int32_t>(len);
-    }
-    if (s.dtype == DType::I64) ds.notices.push_back(path + ": converted int64 to int32");
-    ds.seqlens_k = std::move(s32);
-  }
-
-  if (const auto f = find("mask", false)) {
-    HostArray m = load("mask", *f);
-    const std::string path = join(dir, std::string("mask") + ext_of(*f));
-    if (!dtype_is_float(m.dtype)) {
-      throw InputError(path + ": dtype " + dtype_name(m.dtype) + " is not supported (a float dtype, used as fp32)");
-    }
-    (void)mask_view(m.shape, ds.dims, nullptr, path);  // shape check before the conversion pass
-    if (m.dtype != DType::F32) {
-      ds.notices.push_back(path + ": converted " + dtype_name(m.dtype) + " to fp32");
-      m = convert(m, DType::F32);
-    }
-    const float* p = m.data<float>();
-    for (int64_t i = 0, n = m.numel(); i < n; ++i) {
-      // -inf masks a key out; NaN and +inf have no meaning as an additive score term.
-      if (std::isnan(p[i]) || p[i] == std::numeric_limits<float>::infinity()) {
-        throw InputError(path + ": " + (std::isnan(p[i]) ? "NaN" : "+inf") + " at flat index " + std::to_string(i) +
-                         " (use -inf to mask a key out)");
-      }
-    }
-    ds.mask = std::move(m);
-  }
+  auto path_of = [&](const char* name, FileFormat f) { return join(dir, std::string(name) + ext_of(f)); };
+  if (const auto f = find("dO", false)) ds.dout = checked_dout(load("dO", *f), ds, path_of("dO", *f), &ds.notices);
+  if (const auto f = find("seqlens_k", false))
+    ds.seqlens_k = checked_seqlens(load("seqlens_k", *f), ds.dims, path_of("seqlens_k", *f), &ds.notices);
+  if (const auto f = find("mask", false)) ds.mask = checked_mask(load("mask", *f), ds.dims, path_of("mask", *f), &ds.notices);
   return ds;
 }
 
