@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "parallel.h"
+#include "reference.h"
 
 namespace flashattn {
 namespace {
@@ -63,19 +64,6 @@ void key_row(const DecodeRefInputs& in, const HostArray& cache, const HostArray&
   }
 }
 
-double dot(const double* a, const double* b, int n) {
-  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  int d = 0;
-  for (; d + 4 <= n; d += 4) {
-    s0 += a[d] * b[d];
-    s1 += a[d + 1] * b[d + 1];
-    s2 += a[d + 2] * b[d + 2];
-    s3 += a[d + 3] * b[d + 3];
-  }
-  for (; d < n; ++d) s0 += a[d] * b[d];
-  return (s0 + s1) + (s2 + s3);
-}
-
 // The selected rows of one (b, g) group: indices into the caller's row list.
 void run_group(const DecodeRefInputs& in, int b, int g, const std::vector<DecodeRowId>& rows,
                const std::vector<size_t>& mine, double* o, double* lse) {
@@ -96,7 +84,7 @@ void run_group(const DecodeRefInputs& in, int b, int g, const std::vector<Decode
     key_row(in, *in.k_cache, *in.k_new, b, g, j, row.data());
     for (size_t r = 0; r < n; ++r) {
       if (j >= limit[r]) continue;
-      const double x = in.scale * dot(q.data() + r * D, row.data(), D);
+      const double x = in.scale * dot_f64(q.data() + r * D, row.data(), D);
       s[r * L + j] = x;
       if (std::isnan(x)) nan[r] = true;
       m[r] = std::max(m[r], x);

@@ -6,7 +6,6 @@
 #include <cstring>
 #include <random>
 #include <set>
-#include <sstream>
 #include <tuple>
 
 #include "flashattn/decode_cache.h"
@@ -27,16 +26,6 @@ using Buffer = DeviceBuffer;
 
 Buffer upload(const HostArray& a) { return upload_array(a); }
 HostArray download(const Buffer& d, DType t, std::vector<int64_t> shape) { return download_array(d, t, std::move(shape)); }
-
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) b /= 1024, ++u;
-  std::ostringstream os;
-  os.precision(u ? 1 : 0);
-  os << std::fixed << b << " " << units[u];
-  return os.str();
-}
 
 // Elements of `got` that differ bitwise from `want` (same dtype and shape).
 int64_t count_mismatches(const HostArray& got, const HostArray& want) {
@@ -103,17 +92,7 @@ struct DecodeSession::Impl {
   std::vector<int64_t> q_shape() const { return {dims().B, dims().H, dims().S_new, dims().D}; }
   std::vector<int64_t> lse_shape() const { return {dims().B, dims().H, dims().S_new}; }
 
-  size_t free_bytes() const {
-    size_t free = 0, total = 0;
-    CUDA_CHECK(cudaMemGetInfo(&free, &total));
-    return free;
-  }
-  void require_memory(const std::string& kernel, size_t needed) const {
-    const size_t free = free_bytes();
-    if (needed + (size_t(64) << 20) > free)
-      throw InputError("kernel '" + kernel + "' needs " + human_bytes(double(needed)) + " of GPU memory, " +
-                       human_bytes(double(free)) + " free on device " + std::to_string(opt.device));
-  }
+  void require_memory(const std::string& kernel, size_t needed) const { require_device_memory(kernel, needed, opt.device); }
 
   void ensure_uploaded(const std::string& kernel) {
     if (uploaded) return;
@@ -217,7 +196,7 @@ struct DecodeSession::Impl {
         s.attend = timed(attend, nullptr);
       }
     }
-    s.device_used = static_cast<long long>(free_at_start) - static_cast<long long>(free_bytes());
+    s.device_used = static_cast<long long>(free_at_start) - static_cast<long long>(device_free_bytes());
     return s;
   }
 

@@ -2,7 +2,9 @@
 
 #include <cublas_v2.h>
 
+#include "flashattn/check.h"
 #include "flashattn/error.h"
+#include "report.h"
 
 namespace flashattn {
 
@@ -16,6 +18,20 @@ LaunchContext gpu_launch_context(const DeviceInfo& dev, int device, cudaStream_t
   ctx.l2_bytes = dev.l2_bytes;
   ctx.cpu_threads = cpu_threads;
   return ctx;
+}
+
+size_t device_free_bytes() {
+  size_t free = 0, total = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return free;
+}
+
+void require_device_memory(const std::string& kernel, size_t needed, int device) {
+  const size_t free = device_free_bytes();
+  const size_t headroom = size_t(64) << 20;
+  if (needed + headroom > free)
+    throw InputError("kernel '" + kernel + "' needs " + human_bytes(double(needed)) + " of GPU memory, " +
+                     human_bytes(double(free)) + " free on device " + std::to_string(device));
 }
 
 CublasHandle::~CublasHandle() {

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <string>
 
 #include "device_buffer.h"
 #include "device_info.h"
@@ -18,6 +19,12 @@ constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;
 
 // A GPU launch context for `device` and `stream`.
 LaunchContext gpu_launch_context(const DeviceInfo& dev, int device, cudaStream_t stream, int cpu_threads = 0);
+
+// Free memory on the current device, bytes.
+size_t device_free_bytes();
+// InputError naming the kernel when `needed` bytes (plus 64 MiB of headroom for the runtime and
+// libraries) are not free on the current device, `device`.
+void require_device_memory(const std::string& kernel, size_t needed, int device);
 
 class CublasHandle {
  public:

@@ -31,6 +31,22 @@
 #include "parallel.h"
 
 namespace flashattn {
+
+// Four independent partial sums, a fixed order (so results never depend on threading) and several
+// times faster than one dependent chain of additions.
+double dot_f64(const double* a, const double* b, int n) {
+  double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+  int d = 0;
+  for (; d + 4 <= n; d += 4) {
+    s0 += a[d] * b[d];
+    s1 += a[d + 1] * b[d + 1];
+    s2 += a[d + 2] * b[d + 2];
+    s3 += a[d + 3] * b[d + 3];
+  }
+  for (; d < n; ++d) s0 += a[d] * b[d];
+  return (s0 + s1) + (s2 + s3);
+}
+
 namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
@@ -53,20 +69,7 @@ struct InDtype {
   }
 };
 
-// fp64: four independent partial sums, a fixed order (so results never depend on threading) and
-// several times faster than one dependent chain of additions.
-double dot(const double* a, const double* b, int n, double) {
-  double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
-  int d = 0;
-  for (; d + 4 <= n; d += 4) {
-    s0 += a[d] * b[d];
-    s1 += a[d + 1] * b[d + 1];
-    s2 += a[d + 2] * b[d + 2];
-    s3 += a[d + 3] * b[d + 3];
-  }
-  for (; d < n; ++d) s0 += a[d] * b[d];
-  return (s0 + s1) + (s2 + s3);
-}
+double dot(const double* a, const double* b, int n, double) { return dot_f64(a, b, n); }
 
 // fp32: one running sum in element order, as a thread of the naive kernel accumulates.
 float dot(const double* a, const double* b, int n, float) {

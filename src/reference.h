@@ -43,6 +43,9 @@ struct RowId {
   int i = 0;  // query index for query rows; key index for key rows
 };
 
+// <a, b> in fp64, in an order that does not depend on threading (the references' inner product).
+double dot_f64(const double* a, const double* b, int n);
+
 // Whole tensors: o [B, H, S_q, D], lse [B, H, S_q].
 void reference_forward(const RefInputs& in, double* o, double* lse);
 // Whole tensors: dq like Q, dk and dv like K.

@@ -200,11 +200,6 @@ std::string fmt_ms(double ms) {
   return fmt::format("{:.4f}", ms);
 }
 
-std::string fmt_bytes(double b) {
-  if (b >= double(1ull << 30)) return fmt::format("{:.2f} GiB", b / double(1ull << 30));
-  if (b >= double(1ull << 20)) return fmt::format("{:.1f} MiB", b / double(1ull << 20));
-  return fmt::format("{:.0f} KiB", b / 1024.0);
-}
 
 std::string fmt_err(const RunRecord& r) {
   if (!r.check.performed) return r.check.note.empty() ? "-" : "ref";
@@ -246,7 +241,7 @@ std::string render_table(const std::vector<RunRecord>& runs, const std::string& 
     std::string flag = r.timing.noise_rule == 0 ? "*" : "";
     if (r.timing.clock.throttled) flag += "T";
     const std::string noise = fmt::format("{:.1f}%{}", 100 * r.timing.rel_stddev, flag);
-    const std::string mem = r.memory.peak_bytes ? fmt_bytes(double(r.memory.peak_bytes)) : "-";
+    const std::string mem = r.memory.peak_bytes ? human_bytes(double(r.memory.peak_bytes)) : "-";
     out += fmt::format("{:<{}} {:<8} {:>10} {:>7} {:>9.2f} {:>9.1f} {:>9} {:>8}", label(r), w, mode_name(r.mode),
                        fmt_ms(r.timing.median_ms), noise, r.tflops, r.gbps, mem, speedup);
     if (with_check) out += "  " + fmt_err(r);
@@ -276,6 +271,13 @@ std::string render_check(const RunRecord& r) {
     }
   }
   return out;
+}
+
+std::string human_bytes(double b) {
+  if (b >= double(1ull << 30)) return fmt::format("{:.2f} GiB", b / double(1ull << 30));
+  if (b >= double(1ull << 20)) return fmt::format("{:.1f} MiB", b / double(1ull << 20));
+  if (b >= 1024) return fmt::format("{:.0f} KiB", b / 1024.0);
+  return fmt::format("{:.0f} B", b);
 }
 
 }  // namespace flashattn

@@ -38,6 +38,9 @@ nlohmann::json run_json(const ReportHeader& h, const RunRecord& r);
 nlohmann::json check_json(const CheckResult& c);
 nlohmann::json session_json(const ReportHeader& h, const std::vector<RunRecord>& runs);
 
+// Bytes for people: "512 B", "64 KiB", "16.1 MiB", "1.25 GiB" (the table, memory errors).
+std::string human_bytes(double b);
+
 // The comparison table: one row per run, speedup against `baseline` (kernel name) in the same mode.
 std::string render_table(const std::vector<RunRecord>& runs, const std::string& baseline, bool with_check);
 // Per-output error lines of a checked run, with the first mismatches when it failed.

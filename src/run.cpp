@@ -9,7 +9,6 @@
 #include <functional>
 #include <limits>
 #include <map>
-#include <sstream>
 
 #include "dataset.h"
 #include "device_buffer.h"
@@ -26,19 +25,6 @@ namespace {
 
 // Random streams of generated inputs (the same tensor ids as flashattn-gen).
 enum GenStream : uint64_t { kGenQ = 1, kGenK = 2, kGenV = 3, kGenDO = 4 };
-
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  std::ostringstream os;
-  os.precision(u ? 1 : 0);
-  os << std::fixed << b << " " << units[u];
-  return os.str();
-}
 
 // A kernel's forward/backward workspace starts as NaN bytes (0xFF) where it is allocated: its
 // contents are undefined to the kernel (every call rewrites what it reads), so a kernel that reads
@@ -167,23 +153,10 @@ struct Session::Impl {
   // Device memory in use now beyond what was in use when the session started (inputs, outputs,
   // workspaces, library allocations): measured while the run's buffers are still allocated.
   long long device_used() const {
-    return static_cast<long long>(free_at_start) - static_cast<long long>(free_bytes());
+    return static_cast<long long>(free_at_start) - static_cast<long long>(device_free_bytes());
   }
 
-  size_t free_bytes() const {
-    size_t free = 0, total = 0;
-    CUDA_CHECK(cudaMemGetInfo(&free, &total));
-    return free;
-  }
-
-  void require_memory(const std::string& kernel, size_t needed) const {
-    const size_t free = free_bytes();
-    // Keep a little headroom for the runtime and library allocations.
-    const size_t headroom = size_t(64) << 20;
-    if (needed + headroom > free)
-      throw InputError("kernel '" + kernel + "' needs " + human_bytes(double(needed)) + " of GPU memory, " +
-                       human_bytes(double(free)) + " free on device " + std::to_string(opt.device));
-  }
+  void require_memory(const std::string& kernel, size_t needed) const { require_device_memory(kernel, needed, opt.device); }
 
   LaunchContext context(const KernelMode& e) {
     if (!e.gpu) {
