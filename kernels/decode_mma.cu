@@ -31,7 +31,7 @@
 // contiguous one has no lookup). Features: GQA/MQA, per-batch lengths, S_new >= 1, paged caches,
 // empty split pieces. Limits: fp16/bf16; head dims 32, 64, 96, 128, 256; sm_80+; q and caches
 // 16-byte aligned with strides a multiple of 8 elements. Instantiations: (5 regular + 3 deep)
-// pipelines x 2 dtypes x {contiguous, paged} = 32 (FLASHATTN_ONLY_HDIM128: 4). Measured: see README.
+// pipelines x 2 dtypes x {contiguous, paged} = 32 (-DFLASHATTN_HDIMS=128: 4). Measured: see README.
 // Traits, arguments, the K/V loader and the split merge: common/decode_mma_steps.cuh; this file holds
 // the kernel, the launch choices and the registration.
 #include <cuda_runtime.h>
@@ -46,6 +46,7 @@
 #include "common/decode_mma_steps.cuh"
 #include "common/dtype.cuh"
 #include "common/frag_softmax.cuh"
+#include "common/head_dims.h"
 #include "common/layout_checks.h"
 #include "common/mma_sm80.cuh"
 #include "common/swizzled_smem.cuh"
@@ -372,18 +373,12 @@ void launch_for(const DecodeParams& p, const LaunchContext& ctx) {
   launch<Regular, T>(p, ctx);
 }
 
+// Head dims with a variant; the build compiles those FLASHATTN_HDIMS enables (common/head_dims.h).
+using KernelHeadDims = HeadDims<32, 64, 96, 128, 256>;
+
 template <class T>
 void dispatch_head_dim(const DecodeParams& p, const LaunchContext& ctx) {
-  switch (p.D) {
-#ifndef FLASHATTN_ONLY_HDIM128
-    case 32: return launch_for<T, 32>(p, ctx);
-    case 64: return launch_for<T, 64>(p, ctx);
-    case 96: return launch_for<T, 96>(p, ctx);
-    case 256: return launch_for<T, 256>(p, ctx);
-#endif
-    case 128: return launch_for<T, 128>(p, ctx);
-    default: throw RuntimeError("mma decode: no variant compiled for head dim " + std::to_string(p.D));
-  }
+  KernelHeadDims::dispatch(p.D, "mma decode", [&](auto kD) { launch_for<T, decltype(kD)::value>(p, ctx); });
 }
 
 
@@ -415,11 +410,7 @@ KernelMode make_entry() {
   m.gpu = true;
   m.min_sm = 80;
   m.dtypes = dtype_bit(DType::F16) | dtype_bit(DType::BF16);
-#ifdef FLASHATTN_ONLY_HDIM128
-  m.head_dims = {128};
-#else
-  m.head_dims = {32, 64, 96, 128, 256};
-#endif
+  m.head_dims = KernelHeadDims::list();
   m.features = kFeatGQA | kFeatPadding | kFeatPaged;
   // One arrival counter per split group (the last CTA merges); the merge sums the pieces in split
   // order, so the outputs do not depend on which CTA arrives last.

@@ -41,10 +41,10 @@
 #include <cstdint>
 
 #include "common/fa2_bwd_steps.cuh"
+#include "common/head_dims.h"
 #include "common/host_device.h"
 #include "common/mask.cuh"
 #include "common/math_constants.h"
-#include "common/switch.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
 #include "flashattn/registry.h"
@@ -317,6 +317,9 @@ void launch(const Args& a, cudaStream_t stream) {
   }
 }
 
+// Head dims with a variant; the build compiles those FLASHATTN_HDIMS enables (common/head_dims.h).
+using KernelHeadDims = HeadDims<32, 64, 96, 128, 256>;
+
 void run(const BwdParams& p, const LaunchContext& ctx) {
   if (static_cast<int64_t>(p.B) * p.H * p.S_q * p.S_k == 0) return;
   if (p.dtype != DType::F32) throw RuntimeError("fa2 backward: fp32 only");
@@ -329,7 +332,7 @@ void run(const BwdParams& p, const LaunchContext& ctx) {
   const int64_t blocks = (rows + kNWarps - 1) / kNWarps;
   dot_do_o_kernel<<<static_cast<unsigned>(blocks < (1 << 20) ? blocks : (1 << 20)), kNThreads, 0, ctx.stream>>>(a);
   CHECK_LAUNCH("fa2 backward D = rowsum(dO * O)");
-  HEADDIM_SWITCH(p.D, kHeadDim, [&] { launch<kHeadDim>(a, ctx.stream); });
+  KernelHeadDims::dispatch(p.D, "fa2 backward", [&](auto kD) { launch<decltype(kD)::value>(a, ctx.stream); });
 }
 
 KernelMode make_entry() {
@@ -342,7 +345,7 @@ KernelMode make_entry() {
   m.gpu = true;
   m.min_sm = 80;  // cp.async
   m.dtypes = dtype_bit(DType::F32);
-  m.head_dims = {32, 64, 96, 128, 256};
+  m.head_dims = KernelHeadDims::list();
   m.features = kAllFeatures;
   m.uses_atomics = true;            // dQ: fp32 atomicAdd, order varies run to run
   m.bitwise_reproducible = false;  // the order of the dQ atomics varies run to run

@@ -40,10 +40,10 @@
 #include <string>
 
 #include "common/fa2_fwd_steps.cuh"
+#include "common/head_dims.h"
 #include "common/layout_checks.h"
 #include "common/mask.cuh"
 #include "common/math_constants.h"
-#include "common/switch.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
 #include "flashattn/registry.h"
@@ -287,6 +287,9 @@ void launch(const FwdParams& p, const LaunchContext& ctx) {
 
 bool strides4(const Strides& s) { return s.batch % 4 == 0 && s.head % 4 == 0 && s.row % 4 == 0; }
 
+// Head dims with a variant; the build compiles those FLASHATTN_HDIMS enables (common/head_dims.h).
+using KernelHeadDims = HeadDims<32, 64, 96, 128, 256>;
+
 void run(const FwdParams& p, const LaunchContext& ctx) {
   if (p.dtype != DType::F32) throw RuntimeError("fa2 forward: only fp32 is compiled");
   if (static_cast<int64_t>(p.B) * p.H * p.S_q == 0) return;
@@ -295,7 +298,7 @@ void run(const FwdParams& p, const LaunchContext& ctx) {
   if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v) || !aligned16(p.o) || !strides4(p.q_st) ||
       !strides4(p.k_st) || !strides4(p.v_st) || !strides4(p.o_st))
     throw RuntimeError("fa2 forward: q, k, v and o must be 16-byte aligned with strides a multiple of 4");
-  HEADDIM_SWITCH(p.D, kHeadDim, [&] { launch<Traits<kHeadDim>>(p, ctx); });
+  KernelHeadDims::dispatch(p.D, "fa2 forward", [&](auto kD) { launch<Traits<decltype(kD)::value>>(p, ctx); });
 }
 
 KernelMode make_entry() {
@@ -308,7 +311,7 @@ KernelMode make_entry() {
   m.gpu = true;
   m.min_sm = 80;  // cp.async
   m.dtypes = dtype_bit(DType::F32);
-  m.head_dims = {32, 64, 96, 128, 256};
+  m.head_dims = KernelHeadDims::list();
   m.features = kAllFeatures;
   m.uses_atomics = false;
   m.fwd = &run;
