@@ -24,6 +24,7 @@
 #include <string>
 
 #include "common/decode.cuh"
+#include "common/head_dims.h"
 #include "common/layout_checks.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
@@ -241,6 +242,9 @@ void launch(const DecodeParams& p, const LaunchContext& ctx) {
 
 bool aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
 
+// Head dims with a variant; the build compiles those FLASHATTN_HDIMS enables (common/head_dims.h).
+using KernelHeadDims = HeadDims<32, 64, 96, 128, 256>;
+
 void run(const DecodeParams& p, const LaunchContext& ctx) {
   if (static_cast<int64_t>(p.B) * p.H * p.S_new == 0) return;
   if (p.H_kv <= 0 || p.H % p.H_kv != 0) throw RuntimeError("fa2 decode: H must be a multiple of H_kv");
@@ -254,14 +258,7 @@ void run(const DecodeParams& p, const LaunchContext& ctx) {
       !strides_multiple_of(p.q_st, vec) || !strides_multiple_of(p.k_cache_st, vec) || !strides_multiple_of(p.v_cache_st, vec))
     throw RuntimeError("fa2 decode: q and the caches must be aligned for " + std::to_string(4 * vec) +
                        "-byte row loads, strides a multiple of " + std::to_string(vec) + " elements");
-  switch (p.D) {
-    case 32: return launch<32>(p, ctx);
-    case 64: return launch<64>(p, ctx);
-    case 96: return launch<96>(p, ctx);
-    case 128: return launch<128>(p, ctx);
-    case 256: return launch<256>(p, ctx);
-    default: throw RuntimeError("fa2 decode: no variant compiled for head dim " + std::to_string(p.D));
-  }
+  KernelHeadDims::dispatch(p.D, "fa2 decode", [&](auto kD) { launch<decltype(kD)::value>(p, ctx); });
 }
 
 KernelMode make_entry() {
@@ -273,7 +270,7 @@ KernelMode make_entry() {
   m.gpu = true;
   m.min_sm = 80;
   m.dtypes = dtype_bit(DType::F32);
-  m.head_dims = {32, 64, 96, 128, 256};
+  m.head_dims = KernelHeadDims::list();
   m.features = kFeatGQA | kFeatPadding | kFeatPaged;
   m.uses_atomics = false;
   m.dec = &run;

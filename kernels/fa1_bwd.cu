@@ -50,9 +50,9 @@
 #include <string>
 #include <type_traits>
 
+#include "common/head_dims.h"
 #include "common/mask.cuh"
 #include "common/math_constants.h"
-#include "common/switch.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
 #include "flashattn/registry.h"
@@ -458,6 +458,9 @@ void launch(const BwdParams& p, const LaunchContext& ctx) {
   CHECK_LAUNCH("fa1 backward_kernel");
 }
 
+// Head dims with a variant; the build compiles those FLASHATTN_HDIMS enables (common/head_dims.h).
+using KernelHeadDims = HeadDims<32, 64, 96, 128, 256>;
+
 void run(const BwdParams& p, const LaunchContext& ctx) {
   if (static_cast<int64_t>(p.B) * p.H * p.S_q * p.S_k == 0) return;
   if (p.dtype != DType::F32) throw RuntimeError("fa1 backward: fp32 only");
@@ -466,7 +469,7 @@ void run(const BwdParams& p, const LaunchContext& ctx) {
       !rows_aligned(p.o, p.o_st) || !rows_aligned(p.dout, p.do_st) || !rows_aligned(p.dq, p.dq_st) ||
       !rows_aligned(p.dk, p.dk_st) || !rows_aligned(p.dv, p.dv_st))
     throw RuntimeError("fa1 backward: q, k, v, o, dout, dq, dk and dv rows must start on 16-byte boundaries");
-  HEADDIM_SWITCH(p.D, kHeadDim, [&] { launch<kHeadDim>(p, ctx); });
+  KernelHeadDims::dispatch(p.D, "fa1 backward", [&](auto kD) { launch<decltype(kD)::value>(p, ctx); });
 }
 
 KernelMode make_entry() {
@@ -480,7 +483,7 @@ KernelMode make_entry() {
   m.gpu = true;
   m.min_sm = 80;  // up to 139 KB of shared memory per block (checked at launch: sm_86/89 offer 99 KB)
   m.dtypes = dtype_bit(DType::F32);
-  m.head_dims = {32, 64, 96, 128, 256};
+  m.head_dims = KernelHeadDims::list();
   m.features = kAllFeatures;
   m.uses_atomics = false;
   m.bwd = &run;

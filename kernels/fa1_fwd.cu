@@ -57,9 +57,9 @@
 #include <string>
 #include <type_traits>
 
+#include "common/head_dims.h"
 #include "common/mask.cuh"
 #include "common/math_constants.h"
-#include "common/switch.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
 #include "flashattn/registry.h"
@@ -457,6 +457,9 @@ void launch(const FwdParams& p, const LaunchContext& ctx) {
   CHECK_LAUNCH("fa1 forward_kernel");
 }
 
+// Head dims with a variant; the build compiles those FLASHATTN_HDIMS enables (common/head_dims.h).
+using KernelHeadDims = HeadDims<32, 64, 96, 128, 256>;
+
 void run(const FwdParams& p, const LaunchContext& ctx) {
   if (static_cast<int64_t>(p.B) * p.H * p.S_q == 0) return;
   if (p.dtype != DType::F32) throw RuntimeError("fa1 forward: fp32 only");
@@ -466,7 +469,7 @@ void run(const FwdParams& p, const LaunchContext& ctx) {
   if (!rows_aligned(p.q, p.q_st) || !rows_aligned(p.k, p.k_st) || !rows_aligned(p.v, p.v_st) ||
       !rows_aligned(p.o, p.o_st))
     throw RuntimeError("fa1 forward: q, k, v and o rows must start on 16-byte boundaries");
-  HEADDIM_SWITCH(p.D, kHeadDim, [&] { launch<kHeadDim>(p, ctx); });
+  KernelHeadDims::dispatch(p.D, "fa1 forward", [&](auto kD) { launch<decltype(kD)::value>(p, ctx); });
 }
 
 KernelMode make_entry() {
@@ -480,7 +483,7 @@ KernelMode make_entry() {
   m.gpu = true;
   m.min_sm = 80;  // up to 132 KB of shared memory per block (checked at launch: sm_86/89 offer 99 KB)
   m.dtypes = dtype_bit(DType::F32);
-  m.head_dims = {32, 64, 96, 128, 256};
+  m.head_dims = KernelHeadDims::list();
   m.features = kAllFeatures;
   m.uses_atomics = false;
   m.fwd = &run;

@@ -52,6 +52,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/head_dims.h"
 #include "common/hopper_fwd_tile.cuh"
 #include "common/layout_checks.h"
 #include "common/sm90.cuh"
@@ -237,20 +238,26 @@ bool d64_wide_tiles(const FwdParams& p, const LaunchContext& ctx) {
   return !(masked && p.S_q < 2048) && tiles >= 4 * static_cast<int64_t>(std::max(sms, 1));
 }
 
+// Head dims with variants of their own, and those handed to the mma kernel (fallback_head_dims);
+// the build compiles those FLASHATTN_HDIMS enables (common/head_dims.h).
+using OwnHeadDims = HeadDims<64, 128, 256>;
+using FallbackHeadDims = HeadDims<32, 96>;
+
 template <bool kBf16>
 void dispatch_head_dim(const FwdParams& p, const LaunchContext& ctx) {
-  switch (p.D) {
-    case 64:
+  OwnHeadDims::dispatch(p.D, "hopper forward", [&](auto kD) {
+    constexpr int kHeadDim = decltype(kD)::value;
+    if constexpr (kHeadDim == 64) {
       if (d64_wide_tiles(p, ctx)) return launch<kBf16, TraitsFor<64>::type>(p, ctx);
       return launch<kBf16, TraitsD64Narrow>(p, ctx);
-    case 128: return launch<kBf16, TraitsFor<128>::type>(p, ctx);
-    case 256: return launch<kBf16, TraitsFor<256>::type>(p, ctx);
-    default: throw RuntimeError("hopper forward: no variant compiled for head dim " + std::to_string(p.D));
-  }
+    } else {
+      return launch<kBf16, typename TraitsFor<kHeadDim>::type>(p, ctx);
+    }
+  });
 }
 
 bool has_own_variant(const FwdParams& p) {
-  const bool dim_ok = p.D == 64 || p.D == 128 || p.D == 256;
+  const bool dim_ok = OwnHeadDims::declares(p.D);
   const bool scale_ok = p.scale_log2 > 0.f && std::isfinite(p.scale_log2);
   return dim_ok && scale_ok && p.mask.ptr == nullptr;
 }
@@ -291,8 +298,10 @@ KernelMode make_entry() {
   m.min_sm = 90;
   m.max_sm = 90;  // sm_90a code runs on compute capability 9.0 only
   m.dtypes = dtype_bit(DType::F16) | dtype_bit(DType::BF16);
-  m.head_dims = {32, 64, 96, 128, 256};
-  m.fallback_head_dims = {32, 96};
+  m.head_dims = OwnHeadDims::list();
+  m.fallback_head_dims = FallbackHeadDims::list();
+  m.head_dims.insert(m.head_dims.end(), m.fallback_head_dims.begin(), m.fallback_head_dims.end());
+  std::sort(m.head_dims.begin(), m.head_dims.end());
   m.fallback_kernel = "mma";
   m.features = kAllFeatures & ~kFeatMask;
   m.uses_atomics = false;

@@ -30,8 +30,8 @@
 // Instantiations: 2 dtypes x 5 head dims x (dK/dV, dQ, convert) = 30, plus the preprocess kernel
 // per dtype: 32 per arch, about 45 s of nvcc wall time for sm_80 + sm_90a together (CUDA 13.0,
 // 2026-11-25). Masking and the additive mask are uniform run-time branches, not template
-// parameters. Defining FLASHATTN_ONLY_HDIM128 compiles (and registers) head dim 128 alone, for
-// fast development builds.
+// parameters. -DFLASHATTN_HDIMS=128 compiles (and registers) head dim 128 alone, for fast
+// development builds.
 // Registers: the dK/dV kernel runs one 256-thread block per SM at up to 255 registers, without
 // spills on sm_90a; on sm_80 the D = 64 dK/dV kernel spills 12 bytes (stores) / 20 bytes (loads)
 // per thread to its stack, every other kernel none (ptxas -v, CUDA 13.0).
@@ -55,6 +55,7 @@
 #include <string>
 #include <vector>
 
+#include "common/head_dims.h"
 #include "common/layout_checks.h"
 #include "common/mma_bwd_dkdv.cuh"
 #include "common/mma_bwd_dq.cuh"
@@ -187,25 +188,12 @@ void launch(const BwdParams& p, const LaunchContext& ctx) {
   }
 }
 
-// Compiled head dims; FLASHATTN_ONLY_HDIM128 trims them for development builds.
-#if defined(FLASHATTN_ONLY_HDIM128)
-const std::vector<int> kHeadDims = {128};
-#else
-const std::vector<int> kHeadDims = {32, 64, 96, 128, 256};
-#endif
+// Head dims with a variant; the build compiles those FLASHATTN_HDIMS enables (common/head_dims.h).
+using KernelHeadDims = HeadDims<32, 64, 96, 128, 256>;
 
 template <class T>
 void dispatch_head_dim(const BwdParams& p, const LaunchContext& ctx) {
-  switch (p.D) {
-#if !defined(FLASHATTN_ONLY_HDIM128)
-    case 32: return launch<32, T>(p, ctx);
-    case 64: return launch<64, T>(p, ctx);
-    case 96: return launch<96, T>(p, ctx);
-    case 256: return launch<256, T>(p, ctx);
-#endif
-    case 128: return launch<128, T>(p, ctx);
-    default: throw RuntimeError("mma backward: not compiled for head dim " + std::to_string(p.D));
-  }
+  KernelHeadDims::dispatch(p.D, "mma backward", [&](auto kD) { launch<decltype(kD)::value, T>(p, ctx); });
 }
 
 
@@ -240,7 +228,7 @@ KernelMode make_entry() {
   m.gpu = true;
   m.min_sm = 80;  // cp.async, ldmatrix, bf16 mma.sync
   m.dtypes = dtype_bit(DType::F16) | dtype_bit(DType::BF16);
-  m.head_dims = kHeadDims;
+  m.head_dims = KernelHeadDims::list();
   m.features = kAllFeatures;
   m.uses_atomics = true;
   m.bitwise_reproducible = false;  // the order of the dQ atomics varies run to run

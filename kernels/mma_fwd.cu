@@ -26,7 +26,7 @@
 // half (additive mask, or scale <= 0) holds only the masked loop. Causal, window, padding and
 // tails are run-time and block-uniform: key blocks with a boundary run a masked copy of the loop
 // body, the others (most, for long sequences) an unmasked copy with no masking code at all.
-// Define FLASHATTN_ONLY_HDIM128 to build head dim 128 alone (4 kernels) for development.
+// -DFLASHATTN_HDIMS=128 builds head dim 128 alone (4 kernels) for development.
 // Measured: see README.
 #include <cuda_runtime.h>
 
@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "common/frag_softmax.cuh"
+#include "common/head_dims.h"
 #include "common/key_blocks.cuh"
 #include "common/layout_checks.h"
 #include "common/mask.cuh"
@@ -419,18 +420,12 @@ void launch(const FwdParams& p, const LaunchContext& ctx) {
   CHECK_LAUNCH("mma forward_kernel");
 }
 
+// Head dims with a variant; the build compiles those FLASHATTN_HDIMS enables (common/head_dims.h).
+using KernelHeadDims = HeadDims<32, 64, 96, 128, 256>;
+
 template <class T>
 void dispatch_head_dim(const FwdParams& p, const LaunchContext& ctx) {
-  switch (p.D) {
-#ifndef FLASHATTN_ONLY_HDIM128
-    case 32: return launch<T, 32>(p, ctx);
-    case 64: return launch<T, 64>(p, ctx);
-    case 96: return launch<T, 96>(p, ctx);
-    case 256: return launch<T, 256>(p, ctx);
-#endif
-    case 128: return launch<T, 128>(p, ctx);
-    default: throw RuntimeError("mma forward: no variant compiled for head dim " + std::to_string(p.D));
-  }
+  KernelHeadDims::dispatch(p.D, "mma forward", [&](auto kD) { launch<T, decltype(kD)::value>(p, ctx); });
 }
 
 
@@ -455,11 +450,7 @@ KernelMode make_entry() {
   m.gpu = true;
   m.min_sm = 80;  // cp.async, ldmatrix, bf16 mma.sync
   m.dtypes = dtype_bit(DType::F16) | dtype_bit(DType::BF16);
-#ifdef FLASHATTN_ONLY_HDIM128
-  m.head_dims = {128};
-#else
-  m.head_dims = {32, 64, 96, 128, 256};
-#endif
+  m.head_dims = KernelHeadDims::list();
   m.features = kAllFeatures;
   m.uses_atomics = false;  // each output element is written once by one thread: bitwise reproducible
   m.fwd = &run;

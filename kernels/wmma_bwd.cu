@@ -31,7 +31,7 @@
 // D = 128 (Q/dO double-buffered), 128 KB at D = 256 (kBlockM = 32, single buffer); both fit sm_80.
 // Workspace: D_i [B, H, S_q] fp32 plus, unless deterministic, the dQ accumulator [B, H, S_q, D] fp32.
 // Instantiations: 2 dtypes x 5 head dims x (dK/dV, dQ) = 20 tensor-core kernels, plus the
-// preprocess and convert kernels per dtype (4). FLASHATTN_ONLY_HDIM128 builds head dim 128 alone.
+// preprocess and convert kernels per dtype (4). -DFLASHATTN_HDIMS=128 builds head dim 128 alone.
 // Measured: see README.
 #include <cuda_runtime.h>
 
@@ -40,6 +40,7 @@
 #include <string>
 
 #include "common/dtype.cuh"
+#include "common/head_dims.h"
 #include "common/layout_checks.h"
 #include "common/mask.cuh"
 #include "common/wmma_bwd.cuh"
@@ -393,18 +394,12 @@ void launch(const BwdParams& p, const LaunchContext& ctx) {
   }
 }
 
+// Head dims with a variant; the build compiles those FLASHATTN_HDIMS enables (common/head_dims.h).
+using KernelHeadDims = HeadDims<32, 64, 96, 128, 256>;
+
 template <class T>
 void dispatch_head_dim(const BwdParams& p, const LaunchContext& ctx) {
-  switch (p.D) {
-#ifndef FLASHATTN_ONLY_HDIM128
-    case 32: return launch<32, T>(p, ctx);
-    case 64: return launch<64, T>(p, ctx);
-    case 96: return launch<96, T>(p, ctx);
-    case 256: return launch<256, T>(p, ctx);
-#endif
-    case 128: return launch<128, T>(p, ctx);
-    default: throw RuntimeError("wmma backward: no variant compiled for head dim " + std::to_string(p.D));
-  }
+  KernelHeadDims::dispatch(p.D, "wmma backward", [&](auto kD) { launch<decltype(kD)::value, T>(p, ctx); });
 }
 
 
@@ -440,11 +435,7 @@ KernelMode make_entry() {
   m.gpu = true;
   m.min_sm = 80;  // bf16 wmma fragments, cp.async
   m.dtypes = dtype_bit(DType::F16) | dtype_bit(DType::BF16);
-#ifdef FLASHATTN_ONLY_HDIM128
-  m.head_dims = {128};
-#else
-  m.head_dims = {32, 64, 96, 128, 256};
-#endif
+  m.head_dims = KernelHeadDims::list();
   m.features = kAllFeatures;
   m.uses_atomics = true;
   m.bitwise_reproducible = false;  // the order of the dQ atomics varies run to run

@@ -87,13 +87,14 @@
 // (164 KB of shared memory per SM) D = 96 and 128 run one CTA per SM, the others two.
 // Instantiations: head dim x dtype x fragment loader (ldmatrix, load_matrix_sync) = 5 x 2 x 2 = 20
 // kernels, plus 2 self-test kernels; ~45 s of nvcc for sm_80 + sm_90a. Causal, window, padding,
-// mask and tails are run-time and block-uniform. FLASHATTN_ONLY_HDIM128 builds head dim 128 alone.
+// mask and tails are run-time and block-uniform. -DFLASHATTN_HDIMS=128 builds head dim 128 alone.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
 #include <string>
 
+#include "common/head_dims.h"
 #include "common/layout_checks.h"
 #include "common/mask.cuh"
 #include "common/math_constants.h"
@@ -445,18 +446,12 @@ void launch(const FwdParams& p, const LaunchContext& ctx) {
     launch_kernel<Tr, T, /*kLdsm=*/false>(a, p, ctx);
 }
 
+// Head dims with a variant; the build compiles those FLASHATTN_HDIMS enables (common/head_dims.h).
+using KernelHeadDims = HeadDims<32, 64, 96, 128, 256>;
+
 template <class T>
 void dispatch_head_dim(const FwdParams& p, const LaunchContext& ctx) {
-  switch (p.D) {
-#ifndef FLASHATTN_ONLY_HDIM128
-    case 32: return launch<T, 32>(p, ctx);
-    case 64: return launch<T, 64>(p, ctx);
-    case 96: return launch<T, 96>(p, ctx);
-    case 256: return launch<T, 256>(p, ctx);
-#endif
-    case 128: return launch<T, 128>(p, ctx);
-    default: throw RuntimeError("wmma forward: no variant compiled for head dim " + std::to_string(p.D));
-  }
+  KernelHeadDims::dispatch(p.D, "wmma forward", [&](auto kD) { launch<T, decltype(kD)::value>(p, ctx); });
 }
 
 
@@ -485,11 +480,7 @@ KernelMode make_entry() {
   m.gpu = true;
   m.min_sm = 80;  // bf16 wmma fragments, cp.async
   m.dtypes = dtype_bit(DType::F16) | dtype_bit(DType::BF16);
-#ifdef FLASHATTN_ONLY_HDIM128
-  m.head_dims = {128};
-#else
-  m.head_dims = {32, 64, 96, 128, 256};
-#endif
+  m.head_dims = KernelHeadDims::list();
   m.features = kAllFeatures;
   m.uses_atomics = false;  // every output element is written once: bitwise reproducible
   m.fwd = &run;

@@ -3,7 +3,9 @@
 //
 //   BOOL_SWITCH(params.causal, kIsCausal, [&] { launch<kIsCausal>(params, ctx); });
 //   DTYPE_SWITCH(params.dtype, T, [&] { launch<T>(params, ctx); });
-//   HEADDIM_SWITCH(params.D, kHeadDim, [&] { launch<kHeadDim>(params, ctx); });
+//
+// Head dims have their own helper, which the build trims and the registry entry reads from
+// (common/head_dims.h).
 //
 // The lambda's return value is passed through. A value with no compiled variant throws
 // RuntimeError: the registry refuses such problems before launch, so reaching it is a bug.
@@ -22,11 +24,6 @@ namespace flashattn {
 [[noreturn]] inline void throw_unsupported_dtype(DType t, const char* where) {
   throw RuntimeError(std::string(where) + ": no variant compiled for dtype " + dtype_name(t) +
                      " (fp32, fp16 and bf16 are)");
-}
-
-[[noreturn]] inline void throw_unsupported_head_dim(int d, const char* where) {
-  throw RuntimeError(std::string(where) + ": no variant compiled for head dim " + std::to_string(d) +
-                     " (32, 64, 96, 128 and 256 are)");
 }
 
 }  // namespace flashattn
@@ -63,25 +60,4 @@ namespace flashattn {
       default:                                                              \
         ::flashattn::throw_unsupported_dtype((DTYPE), "DTYPE_SWITCH");      \
     }                                                                       \
-  }()
-
-// Exact head dims only: a kernel that pads a head dim up does so explicitly, so the registry's
-// head_dims list and the compiled variants stay the same list.
-#define FLASHATTN_HEADDIM_CASE(VALUE, CONST_NAME, ...) \
-  case VALUE: {                                        \
-    static constexpr int CONST_NAME = VALUE;           \
-    return __VA_ARGS__();                              \
-  }
-
-#define HEADDIM_SWITCH(HEADDIM, CONST_NAME, ...)                               \
-  [&] {                                                                        \
-    switch (HEADDIM) {                                                         \
-      FLASHATTN_HEADDIM_CASE(32, CONST_NAME, __VA_ARGS__)                      \
-      FLASHATTN_HEADDIM_CASE(64, CONST_NAME, __VA_ARGS__)                      \
-      FLASHATTN_HEADDIM_CASE(96, CONST_NAME, __VA_ARGS__)                      \
-      FLASHATTN_HEADDIM_CASE(128, CONST_NAME, __VA_ARGS__)                     \
-      FLASHATTN_HEADDIM_CASE(256, CONST_NAME, __VA_ARGS__)                     \
-      default:                                                                 \
-        ::flashattn::throw_unsupported_head_dim((HEADDIM), "HEADDIM_SWITCH");  \
-    }                                                                          \
   }()
