@@ -37,6 +37,28 @@ struct OnlineSoftmax {
       }
   }
 
+  // The row statistics both update_stats variants share, for row g + 8r of m tile mi:
+  //   m_new = max(m_i, rowmax(S)) (a quad's four lanes hold the row: two shuffles);
+  //   alpha = exp2((m_i - m_new) c), or 1 when the max did not move; m_i = m_new.
+  // Returns the exponent base m_new * c (0 for a row with nothing visible yet, whose m stays
+  // -inf: every P is then exp2(-inf) = 0 instead of exp2(-inf + inf) = NaN); `changed` collects
+  // whether any row's max moved. m_i = -inf (first visible block) gives alpha = exp2(-inf) = 0: O
+  // and l_i are 0 anyway.
+  __device__ __forceinline__ float new_row_max(const float (&rS)[kMTiles][kNTiles][4], int mi, int r, float c,
+                                               float (&alpha)[kMTiles][2], bool& changed) {
+    float m_new = m_i[mi][r];
+#pragma unroll
+    for (int ni = 0; ni < kNTiles; ++ni) m_new = fmaxf(m_new, fmaxf(rS[mi][ni][2 * r], rS[mi][ni][2 * r + 1]));
+    m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 1));
+    m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 2));
+    const float base = m_new == -INFINITY ? 0.f : m_new * c;
+    const bool row_changed = m_new != m_i[mi][r];
+    alpha[mi][r] = row_changed ? exp2_approx(fmaf(m_i[mi][r], c, -base)) : 1.f;
+    changed |= row_changed;
+    m_i[mi][r] = m_new;
+    return base;
+  }
+
   // Folds a block of scores into the statistics, writes the unnormalised probabilities P to rP
   // rounded to T in pairs (rP[mi][ni][r] = columns 2t, 2t+1 of row g+8r: the halves of the
   // mma A fragment), and rescales the output accumulator rO (any column count) to the new maxima.
@@ -64,19 +86,7 @@ struct OnlineSoftmax {
     for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float m_new = m_i[mi][r];
-#pragma unroll
-        for (int ni = 0; ni < kNTiles; ++ni) m_new = fmaxf(m_new, fmaxf(rS[mi][ni][2 * r], rS[mi][ni][2 * r + 1]));
-        m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 1));
-        m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 2));
-        // A row with nothing visible yet keeps m = -inf; using 0 as the exponent base then makes
-        // every P exactly exp2(-inf) = 0 instead of exp2(-inf + inf) = NaN.
-        const float base = m_new == -INFINITY ? 0.f : m_new * c;
-        const bool row_changed = m_new != m_i[mi][r];
-        // m_i = -inf (first visible block) gives alpha = exp2(-inf) = 0: O and l_i are 0 anyway.
-        alpha[mi][r] = row_changed ? exp2_approx(fmaf(m_i[mi][r], c, -base)) : 1.f;
-        changed |= row_changed;
-        m_i[mi][r] = m_new;
+        const float base = new_row_max(rS, mi, r, c, alpha, changed);
         float sum = 0.f;
 #pragma unroll
         for (int ni = 0; ni < kNTiles; ++ni) {
@@ -100,16 +110,7 @@ struct OnlineSoftmax {
     for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float m_new = m_i[mi][r];
-#pragma unroll
-        for (int ni = 0; ni < kNTiles; ++ni) m_new = fmaxf(m_new, fmaxf(rS[mi][ni][2 * r], rS[mi][ni][2 * r + 1]));
-        m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 1));
-        m_new = fmaxf(m_new, __shfl_xor_sync(0xffffffffu, m_new, 2));
-        const float base = m_new == -INFINITY ? 0.f : m_new * c;  // as in update_stats()
-        const bool row_changed = m_new != m_i[mi][r];
-        alpha[mi][r] = row_changed ? exp2_approx(fmaf(m_i[mi][r], c, -base)) : 1.f;
-        changed |= row_changed;
-        m_i[mi][r] = m_new;
+        const float base = new_row_max(rS, mi, r, c, alpha, changed);
         float sum = 0.f;
 #pragma unroll
         for (int ni = 0; ni < kNTiles; ++ni)
