@@ -306,33 +306,46 @@ struct Consumer {
     last_pv(rP);
   }
 
+  // The first half of step j (both schedules): on this warpgroup's turn, S_j = Q K_j^T and
+  // O += P_{j-1} V_{j-1} issued as two wgmma groups; then the wait for S_j only (P V may still
+  // run), K_j released, and S_j masked on a boundary block.
+  template <bool kMasked>
+  __device__ __forceinline__ void issue_step(Scores& rS, Probs& rP_in, int it) {
+    const int s = stage(it), sp = stage(it - 1);
+    sm90::mbar_wait(sm.full_k(s), phase(it));
+    sm90::mbar_wait(sm.full_v(sp), phase(it - 1));
+    turn_wait();
+    sm90::wgmma_fence();
+    issue_s(rS, s);  // S_j = Q K_j^T
+    sm90::wgmma_commit();
+    issue_o(rP_in, sp);  // O += P_{j-1} V_{j-1}
+    sm90::wgmma_commit();
+    turn_pass();
+    sm90::wgmma_wait<1>();  // S_j has landed; P V may still run
+    sm90::fence_regs(rS[0]);
+    release(sm.empty_k(s));
+    release_q_if_last(it);
+    if constexpr (kMasked) mask(rS, it);
+  }
+
+  // P_{j-1} V_{j-1} has landed: O and P_{j-1}'s registers are settled, V_{j-1} is released.
+  __device__ __forceinline__ void finish_pv(Probs& rP_in, int it) {
+    sm90::wgmma_wait<0>();
+    sm90::fence_regs(rO[0]);
+    sm90::fence_regs(rP_in[0]);
+    release(sm.empty_v(stage(it - 1)));
+  }
+
   // Blocks 1 .. n-1 with P in two register sets, alternating (no copy at the end of a step: a copy
   // of the registers the next P V reads would land inside its wgmma stage and serialise it).
   __device__ __forceinline__ void run_two_sets(Probs& rP) {
     Probs rP_b;
     auto step = [&](auto masked_tag, int it, Probs& rP_in, Probs& rP_out) {
-      const int s = stage(it), sp = stage(it - 1);
       Scores rS;
-      sm90::mbar_wait(sm.full_k(s), phase(it));
-      sm90::mbar_wait(sm.full_v(sp), phase(it - 1));
-      turn_wait();
-      sm90::wgmma_fence();
-      issue_s(rS, s);  // S_j = Q K_j^T
-      sm90::wgmma_commit();
-      issue_o(rP_in, sp);  // O += P_{j-1} V_{j-1}
-      sm90::wgmma_commit();
-      turn_pass();
-      sm90::wgmma_wait<1>();  // S_j has landed; P V may still run
-      sm90::fence_regs(rS[0]);
-      release(sm.empty_k(s));
-      release_q_if_last(it);
-      if constexpr (decltype(masked_tag)::value) mask(rS, it);
+      issue_step<decltype(masked_tag)::value>(rS, rP_in, it);
       float alpha[1][2];
       const bool changed = softmax.template update_stats<T>(rS, rP_out, alpha, a.scale_log2);
-      sm90::wgmma_wait<0>();
-      sm90::fence_regs(rO[0]);
-      sm90::fence_regs(rP_in[0]);
-      release(sm.empty_v(sp));
+      finish_pv(rP_in, it);
       softmax.rescale(rO, alpha, changed);  // O = diag(exp2((m_old - m_new) c)) O
     };
     // Steps go in pairs so that P's register set is known at compile time in each.
@@ -373,28 +386,11 @@ struct Consumer {
   // registers (fp32) while P_{j-1} V_{j-1} still reads rP, and P is rounded into rP after it lands.
   __device__ __forceinline__ void run_in_place(Probs& rP) {
     auto step = [&](auto masked_tag, int it) {
-      const int s = stage(it), sp = stage(it - 1);
       Scores rS;
-      sm90::mbar_wait(sm.full_k(s), phase(it));
-      sm90::mbar_wait(sm.full_v(sp), phase(it - 1));
-      turn_wait();
-      sm90::wgmma_fence();
-      issue_s(rS, s);
-      sm90::wgmma_commit();
-      issue_o(rP, sp);
-      sm90::wgmma_commit();
-      turn_pass();
-      sm90::wgmma_wait<1>();
-      sm90::fence_regs(rS[0]);
-      release(sm.empty_k(s));
-      release_q_if_last(it);
-      if constexpr (decltype(masked_tag)::value) mask(rS, it);
+      issue_step<decltype(masked_tag)::value>(rS, rP, it);
       float alpha[1][2];
       const bool changed = softmax.update_stats_in_place(rS, alpha, a.scale_log2);
-      sm90::wgmma_wait<0>();
-      sm90::fence_regs(rO[0]);
-      sm90::fence_regs(rP[0]);
-      release(sm.empty_v(sp));
+      finish_pv(rP, it);
       softmax.rescale(rO, alpha, changed);
       softmax.template pack_probs<T>(rS, rP);
       sm90::fence_regs(rP[0]);  // rounded before the next wgmma stage opens
