@@ -189,6 +189,200 @@ __device__ __forceinline__ void load_query_tile(const Args& a, const float* gQ, 
   }
 }
 
+// Line 7: K_j, V_j (rows [j0, j0 + kBlockN) of one kv head) -> shared, rows past S_k as zeros.
+// 8 threads per row, 32 rows per pass.
+template <class Tr>
+__device__ __forceinline__ void load_kv_tile(const Args& a, const float* gK, const float* gV, int j0, float* sK,
+                                             float* sV, int tid) {
+  constexpr int kBlockN = Tr::kBlockN, kPitch = Tr::kPitch;
+#pragma unroll
+  for (int pass = 0; pass < kBlockN / 32; ++pass) {
+    const int n = pass * 32 + tid / 8;
+#pragma unroll
+    for (int u = 0; u < Tr::kD4 / 8; ++u) {
+      const int c = (u * 8 + tid % 8) * 4;
+      Vec<4> kx{}, vx{};
+      if (j0 + n < a.S_k) {
+        kx = load_vec<4>(gK + (j0 + n) * a.k_st.row + c);
+        vx = load_vec<4>(gV + (j0 + n) * a.v_st.row + c);
+      }
+      store_vec<4>(sK + n * kPitch + c, kx);
+      store_vec<4>(sV + n * kPitch + c, vx);
+    }
+  }
+}
+
+// Line 11: S_ij = Q_i K_j^T (the scale comes at line 12); line 17: dP_ij = dO_i V_j^T. Each
+// thread owns rows ty * kSTM + i, columns tx + 16 t of both.
+template <class Tr>
+__device__ __forceinline__ void scores_and_dprobs(const float* sQ, const float* sK, const float* sdO, const float* sV,
+                                                  int tx, int ty, float (&rS)[Tr::kSTM][Tr::kSTN],
+                                                  float (&rdP)[Tr::kSTM][Tr::kSTN]) {
+  constexpr int kPitch = Tr::kPitch;
+#pragma unroll 1
+  for (int d = 0; d < Tr::kHeadDim; d += 4) {
+    Vec<4> x[Tr::kSTM], y[Tr::kSTN];
+#pragma unroll
+    for (int i = 0; i < Tr::kSTM; ++i) x[i] = load_vec<4>(sQ + (ty * Tr::kSTM + i) * kPitch + d);
+#pragma unroll
+    for (int t = 0; t < Tr::kSTN; ++t) y[t] = load_vec<4>(sK + (tx + 16 * t) * kPitch + d);
+#pragma unroll
+    for (int i = 0; i < Tr::kSTM; ++i)
+#pragma unroll
+      for (int t = 0; t < Tr::kSTN; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) rS[i][t] = fmaf(x[i].x[e], y[t].x[e], rS[i][t]);
+#pragma unroll
+    for (int i = 0; i < Tr::kSTM; ++i) x[i] = load_vec<4>(sdO + (ty * Tr::kSTM + i) * kPitch + d);
+#pragma unroll
+    for (int t = 0; t < Tr::kSTN; ++t) y[t] = load_vec<4>(sV + (tx + 16 * t) * kPitch + d);
+#pragma unroll
+    for (int i = 0; i < Tr::kSTM; ++i)
+#pragma unroll
+      for (int t = 0; t < Tr::kSTN; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) rdP[i][t] = fmaf(x[i].x[e], y[t].x[e], rdP[i][t]);
+  }
+}
+
+// Where a (query block, key block) step sits, for the element-wise lines.
+struct TileStep {
+  int b, h;
+  int i0, j0;   // first query row, first key
+  int seqlen;   // keys of batch b
+  bool full;    // every (row, key) of the pair visible and no additive mask: no element test
+};
+
+// Line 12: MASK(S_ij); line 13: P_ij = exp(S_ij - lse_i); line 20: dS_ij = P_ij o (dP_ij - D_i).
+// P and dS go to shared memory, where lines 16, 21 and 22 read them along other dimensions.
+template <class Tr>
+__device__ __forceinline__ void probs_and_dscores(const Args& a, const TileStep& st,
+                                                  const float (&rS)[Tr::kSTM][Tr::kSTN],
+                                                  const float (&rdP)[Tr::kSTM][Tr::kSTN], const float* sLse,
+                                                  const float* sDi, float* sP, float* sdS, int tx, int ty) {
+  constexpr int kSPitch = Tr::kSPitch;
+  const int b = st.b, h = st.h, i0 = st.i0, j0 = st.j0, seqlen = st.seqlen;
+  const bool full = st.full;
+#pragma unroll
+  for (int i = 0; i < Tr::kSTM; ++i) {
+    const int r = ty * Tr::kSTM + i;
+    const int row = i0 + r;
+    const float lse2 = sLse[r], d_i = sDi[r];
+#pragma unroll
+    for (int t = 0; t < Tr::kSTN; ++t) {
+      const int c = tx + 16 * t;
+      float s = rS[i][t] * a.scale_log2;  // the forward's expression, bit for bit
+      if (!full) {
+        const int col = j0 + c;
+        // Rows past S_q have lse = +inf already; -inf keeps their mask reads in bounds.
+        if (row >= a.S_q || !a.vis.visible(row, col, seqlen)) s = -INFINITY;
+        else if (a.vis.mask.ptr) s += a.vis.bias(b, h, row, col) * kLog2e;
+      }
+      const float p = exp2f(s - lse2);
+      sP[r * kSPitch + c] = p;                      // (kBlockM, kBlockN)
+      sdS[r * kSPitch + c] = p * (rdP[i][t] - d_i);  // (kBlockM, kBlockN)
+    }
+  }
+}
+
+// Line 16: dV~_j += P_ij^T dO_i; line 22: dK~_j += dS_ij^T Q_i (scale applied at line 24).
+template <class Tr>
+__device__ __forceinline__ void accumulate_dkdv(const float* sP, const float* sdS, const float* sdO, const float* sQ,
+                                                int kc, int kd, float (&rdK)[4][Tr::kKTD][Tr::kKVec],
+                                                float (&rdV)[4][Tr::kKTD][Tr::kKVec]) {
+  constexpr int kBlockM = Tr::kBlockM, kPitch = Tr::kPitch, kSPitch = Tr::kSPitch;
+#pragma unroll 2
+  for (int r = 0; r < kBlockM; ++r) {
+    const Vec<4> p4 = load_vec<4>(sP + r * kSPitch + kc * 4);
+    const Vec<4> ds4 = load_vec<4>(sdS + r * kSPitch + kc * 4);
+#pragma unroll
+    for (int t = 0; t < Tr::kKTD; ++t) {
+      const int col = (t * Tr::kKDimThreads + kd) * Tr::kKVec;
+      const Vec<Tr::kKVec> dov = load_vec<Tr::kKVec>(sdO + r * kPitch + col);
+      const Vec<Tr::kKVec> qv = load_vec<Tr::kKVec>(sQ + r * kPitch + col);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int e = 0; e < Tr::kKVec; ++e) {
+          rdV[i][t][e] = fmaf(p4.x[i], dov.x[e], rdV[i][t][e]);
+          rdK[i][t][e] = fmaf(ds4.x[i], qv.x[e], rdK[i][t][e]);
+        }
+    }
+  }
+}
+
+// Line 21: dQ_i <- dQ_i + scale dS_ij K_j, read-modify-write in HBM. The same thread updates the
+// same dQ elements at every (i, j), so no other thread's write can interleave.
+template <class Tr>
+__device__ __forceinline__ void update_dq(const Args& a, const float* sdS, const float* sK, float* gdQ, int i0, int qr,
+                                          int qd) {
+  constexpr int kBlockN = Tr::kBlockN, kPitch = Tr::kPitch, kSPitch = Tr::kSPitch;
+  float acc[4][Tr::kQTD][Tr::kQVec] = {};  // (4, kQTD * kQVec) per thread
+#pragma unroll 2
+  for (int n = 0; n < kBlockN; n += 4) {
+    Vec<4> ds4[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ds4[i] = load_vec<4>(sdS + (qr * 4 + i) * kSPitch + n);
+#pragma unroll
+    for (int x = 0; x < 4; ++x)
+#pragma unroll
+      for (int t = 0; t < Tr::kQTD; ++t) {
+        const Vec<Tr::kQVec> kv =
+            load_vec<Tr::kQVec>(sK + (n + x) * kPitch + (t * Tr::kQDimThreads + qd) * Tr::kQVec);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int e = 0; e < Tr::kQVec; ++e) acc[i][t][e] = fmaf(ds4[i].x[x], kv.x[e], acc[i][t][e]);
+      }
+  }
+  Vec<Tr::kQVec> old[4][Tr::kQTD];  // all loads first: stores could alias them otherwise
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int row = i0 + qr * 4 + i;
+#pragma unroll
+    for (int t = 0; t < Tr::kQTD; ++t) {
+      const int col = (t * Tr::kQDimThreads + qd) * Tr::kQVec;
+      old[i][t] = row < a.S_q ? load_vec<Tr::kQVec>(gdQ + row * a.dq_st.row + col) : Vec<Tr::kQVec>{};
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int row = i0 + qr * 4 + i;
+    if (row >= a.S_q) continue;
+#pragma unroll
+    for (int t = 0; t < Tr::kQTD; ++t) {
+      Vec<Tr::kQVec> out;
+#pragma unroll
+      for (int e = 0; e < Tr::kQVec; ++e) out.x[e] = fmaf(a.scale, acc[i][t][e], old[i][t].x[e]);
+      store_vec<Tr::kQVec>(gdQ + row * a.dq_st.row + (t * Tr::kQDimThreads + qd) * Tr::kQVec, out);
+    }
+  }
+}
+
+// Line 24: write dK_j <- scale dK~_j, dV_j <- dV~_j to HBM (keys past S_k are not written).
+template <class Tr>
+__device__ __forceinline__ void store_dkdv(const Args& a, float* gdK, float* gdV, int j0, int kc, int kd,
+                                           const float (&rdK)[4][Tr::kKTD][Tr::kKVec],
+                                           const float (&rdV)[4][Tr::kKTD][Tr::kKVec]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int key = j0 + kc * 4 + i;
+    if (key >= a.S_k) continue;
+#pragma unroll
+    for (int t = 0; t < Tr::kKTD; ++t) {
+      const int col = (t * Tr::kKDimThreads + kd) * Tr::kKVec;
+      Vec<Tr::kKVec> dk, dv;
+#pragma unroll
+      for (int e = 0; e < Tr::kKVec; ++e) {
+        dk.x[e] = a.scale * rdK[i][t][e];
+        dv.x[e] = rdV[i][t][e];
+      }
+      store_vec<Tr::kKVec>(gdK + key * a.dk_st.row + col, dk);
+      store_vec<Tr::kKVec>(gdV + key * a.dv_st.row + col, dv);
+    }
+  }
+}
+
 template <class Tr>
 __global__ void __launch_bounds__(Tr::kThreads, 1) backward_kernel(const Args a) {
   constexpr int kBlockM = Tr::kBlockM, kBlockN = Tr::kBlockN, kPitch = Tr::kPitch, kSPitch = Tr::kSPitch;
@@ -231,21 +425,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) backward_kernel(const Args a)
     const int j0 = nb * kBlockN;
     // Line 7: load K_j, V_j from HBM to on-chip SRAM (rows past S_k as zeros).
     __syncthreads();  // the previous tile step's reads of sK, sV are done
-#pragma unroll
-    for (int pass = 0; pass < kBlockN / 32; ++pass) {
-      const int n = pass * 32 + tid / 8;
-#pragma unroll
-      for (int u = 0; u < Tr::kD4 / 8; ++u) {
-        const int c = (u * 8 + tid % 8) * 4;
-        Vec<4> kx{}, vx{};
-        if (j0 + n < a.S_k) {
-          kx = load_vec<4>(gK + (j0 + n) * a.k_st.row + c);
-          vx = load_vec<4>(gV + (j0 + n) * a.v_st.row + c);
-        }
-        store_vec<4>(sK + n * kPitch + c, kx);
-        store_vec<4>(sV + n * kPitch + c, vx);
-      }
-    }
+    load_kv_tile<Tr>(a, gK, gV, j0, sK, sV, tid);
     // Line 8: dK~_j = (0), dV~_j = (0) on chip; (4, kKTD * kKVec) per thread.
     float rdK[4][Tr::kKTD][Tr::kKVec] = {};
     float rdV[4][Tr::kKTD][Tr::kKVec] = {};
@@ -276,136 +456,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) backward_kernel(const Args a)
         // Line 11: S_ij = scale Q_i K_j^T; line 17: dP_ij = dO_i V_j^T.
         float rS[Tr::kSTM][Tr::kSTN] = {};   // (kSTM, kSTN) per thread
         float rdP[Tr::kSTM][Tr::kSTN] = {};  // (kSTM, kSTN) per thread
-#pragma unroll 1
-        for (int d = 0; d < Tr::kHeadDim; d += 4) {
-          Vec<4> x[Tr::kSTM], y[Tr::kSTN];
-#pragma unroll
-          for (int i = 0; i < Tr::kSTM; ++i) x[i] = load_vec<4>(sQ + (ty * Tr::kSTM + i) * kPitch + d);
-#pragma unroll
-          for (int t = 0; t < Tr::kSTN; ++t) y[t] = load_vec<4>(sK + (tx + 16 * t) * kPitch + d);
-#pragma unroll
-          for (int i = 0; i < Tr::kSTM; ++i)
-#pragma unroll
-            for (int t = 0; t < Tr::kSTN; ++t)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) rS[i][t] = fmaf(x[i].x[e], y[t].x[e], rS[i][t]);
-#pragma unroll
-          for (int i = 0; i < Tr::kSTM; ++i) x[i] = load_vec<4>(sdO + (ty * Tr::kSTM + i) * kPitch + d);
-#pragma unroll
-          for (int t = 0; t < Tr::kSTN; ++t) y[t] = load_vec<4>(sV + (tx + 16 * t) * kPitch + d);
-#pragma unroll
-          for (int i = 0; i < Tr::kSTM; ++i)
-#pragma unroll
-            for (int t = 0; t < Tr::kSTN; ++t)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) rdP[i][t] = fmaf(x[i].x[e], y[t].x[e], rdP[i][t]);
-        }
+        scores_and_dprobs<Tr>(sQ, sK, sdO, sV, tx, ty, rS, rdP);
         // Line 12: MASK(S_ij); line 13: P_ij = exp(S_ij - lse_i); line 20: dS_ij = P_ij o (dP_ij - D_i).
-#pragma unroll
-        for (int i = 0; i < Tr::kSTM; ++i) {
-          const int r = ty * Tr::kSTM + i;
-          const int row = i0 + r;
-          const float lse2 = sLse[r], d_i = sDi[r];
-#pragma unroll
-          for (int t = 0; t < Tr::kSTN; ++t) {
-            const int c = tx + 16 * t;
-            float s = rS[i][t] * a.scale_log2;  // the forward's expression, bit for bit
-            if (!full) {
-              const int col = j0 + c;
-              // Rows past S_q have lse = +inf already; -inf keeps their mask reads in bounds.
-              if (row >= a.S_q || !a.vis.visible(row, col, seqlen)) s = -INFINITY;
-              else if (a.vis.mask.ptr) s += a.vis.bias(b, h, row, col) * kLog2e;
-            }
-            const float p = exp2f(s - lse2);
-            sP[r * kSPitch + c] = p;                      // (kBlockM, kBlockN)
-            sdS[r * kSPitch + c] = p * (rdP[i][t] - d_i);  // (kBlockM, kBlockN)
-          }
-        }
+        probs_and_dscores<Tr>(a, TileStep{b, h, i0, j0, seqlen, full}, rS, rdP, sLse, sDi, sP, sdS, tx, ty);
         __syncthreads();
 
-        // Line 16: dV~_j += P_ij^T dO_i; line 22: dK~_j += dS_ij^T Q_i (scale applied at line 24).
-#pragma unroll 2
-        for (int r = 0; r < kBlockM; ++r) {
-          const Vec<4> p4 = load_vec<4>(sP + r * kSPitch + kc * 4);
-          const Vec<4> ds4 = load_vec<4>(sdS + r * kSPitch + kc * 4);
-#pragma unroll
-          for (int t = 0; t < Tr::kKTD; ++t) {
-            const int col = (t * Tr::kKDimThreads + kd) * Tr::kKVec;
-            const Vec<Tr::kKVec> dov = load_vec<Tr::kKVec>(sdO + r * kPitch + col);
-            const Vec<Tr::kKVec> qv = load_vec<Tr::kKVec>(sQ + r * kPitch + col);
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-              for (int e = 0; e < Tr::kKVec; ++e) {
-                rdV[i][t][e] = fmaf(p4.x[i], dov.x[e], rdV[i][t][e]);
-                rdK[i][t][e] = fmaf(ds4.x[i], qv.x[e], rdK[i][t][e]);
-              }
-          }
-        }
-
-        // Line 21: dQ_i <- dQ_i + scale dS_ij K_j, read-modify-write in HBM. The same thread
-        // updates the same dQ elements at every (i, j), so no other thread's write can interleave.
-        float acc[4][Tr::kQTD][Tr::kQVec] = {};  // (4, kQTD * kQVec) per thread
-#pragma unroll 2
-        for (int n = 0; n < kBlockN; n += 4) {
-          Vec<4> ds4[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) ds4[i] = load_vec<4>(sdS + (qr * 4 + i) * kSPitch + n);
-#pragma unroll
-          for (int x = 0; x < 4; ++x)
-#pragma unroll
-            for (int t = 0; t < Tr::kQTD; ++t) {
-              const Vec<Tr::kQVec> kv =
-                  load_vec<Tr::kQVec>(sK + (n + x) * kPitch + (t * Tr::kQDimThreads + qd) * Tr::kQVec);
-#pragma unroll
-              for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int e = 0; e < Tr::kQVec; ++e) acc[i][t][e] = fmaf(ds4[i].x[x], kv.x[e], acc[i][t][e]);
-            }
-        }
-        Vec<Tr::kQVec> old[4][Tr::kQTD];  // all loads first: stores could alias them otherwise
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int row = i0 + qr * 4 + i;
-#pragma unroll
-          for (int t = 0; t < Tr::kQTD; ++t) {
-            const int col = (t * Tr::kQDimThreads + qd) * Tr::kQVec;
-            old[i][t] = row < a.S_q ? load_vec<Tr::kQVec>(gdQ + row * a.dq_st.row + col) : Vec<Tr::kQVec>{};
-          }
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int row = i0 + qr * 4 + i;
-          if (row >= a.S_q) continue;
-#pragma unroll
-          for (int t = 0; t < Tr::kQTD; ++t) {
-            Vec<Tr::kQVec> out;
-#pragma unroll
-            for (int e = 0; e < Tr::kQVec; ++e) out.x[e] = fmaf(a.scale, acc[i][t][e], old[i][t].x[e]);
-            store_vec<Tr::kQVec>(gdQ + row * a.dq_st.row + (t * Tr::kQDimThreads + qd) * Tr::kQVec, out);
-          }
-        }
+        // Line 16: dV~_j += P_ij^T dO_i; line 22: dK~_j += dS_ij^T Q_i.
+        accumulate_dkdv<Tr>(sP, sdS, sdO, sQ, kc, kd, rdK, rdV);
+        // Line 21: dQ_i <- dQ_i + scale dS_ij K_j in HBM.
+        update_dq<Tr>(a, sdS, sK, gdQ, i0, qr, qd);
       }  // line 23
     }
 
     // Line 24: write dK_j <- scale dK~_j, dV_j <- dV~_j to HBM.
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int key = j0 + kc * 4 + i;
-      if (key >= a.S_k) continue;
-#pragma unroll
-      for (int t = 0; t < Tr::kKTD; ++t) {
-        const int col = (t * Tr::kKDimThreads + kd) * Tr::kKVec;
-        Vec<Tr::kKVec> dk, dv;
-#pragma unroll
-        for (int e = 0; e < Tr::kKVec; ++e) {
-          dk.x[e] = a.scale * rdK[i][t][e];
-          dv.x[e] = rdV[i][t][e];
-        }
-        store_vec<Tr::kKVec>(gdK + key * a.dk_st.row + col, dk);
-        store_vec<Tr::kKVec>(gdV + key * a.dv_st.row + col, dv);
-      }
-    }
+    store_dkdv<Tr>(a, gdK, gdV, j0, kc, kd, rdK, rdV);
   }  // line 25
 }
 
