@@ -77,32 +77,15 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) decode_kern
   const int count = blocks.end - blocks.begin;
 
   float rO[1][Tr::kDTiles][4];  // (kRows, kHeadDim) per warp, over this warp's keys only
-#pragma unroll
-  for (int di = 0; di < Tr::kDTiles; ++di)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) rO[0][di][e] = 0.f;
+  zero_o(rO);  // O = 0
   mma::OnlineSoftmax<1, 2> softmax;
   softmax.init();
 
   if (count > 0) {
-    // Q tile: packed row R = r0 + r is query head g*G + R / S_new, new token R % S_new; rows past
-    // the group are zero-filled (they compute harmless scores that are never stored).
-    for (int c = tid; c < Tr::kRows * TileQ::kChunks; c += Tr::kThreads) {
-      const int r = c / TileQ::kChunks, ch = c % TileQ::kChunks, R = r0 + r;
-      const bool valid = r < m_rows;
-      const T* src = valid ? a.q + b * a.q_st.batch + (g * a.group + R / a.S_new) * a.q_st.head +
-                                 (R % a.S_new) * a.q_st.row + ch * 8
-                           : a.q;
-      mma::cp_async_16_u32(sQ + TileQ::offset(r, ch), src, valid);
-    }
+    load_q_tile<Tr>(a, sQ, b, g, r0, m_rows, tid);  // Q (kRows, kHeadDim), packed
     mma::cp_async_commit();
     const KVLoader<Tr, T, kPaged> loader(a, b, g, tid);
-#pragma unroll
-    for (int s = 0; s < Tr::kStages - 1; ++s) {
-      if (s < count) loader.load(sKV + s * Tr::kStageBytes, sKV + s * Tr::kStageBytes + TileKV::kBytes,
-                                 (blocks.begin + s) * Tr::kBlockN, L);
-      mma::cp_async_commit();
-    }
+    load_first_stages<Tr>(loader, sKV, blocks.begin, count, L);  // blocks 0 .. kStages-2 in flight
 
     // Per-lane ldmatrix addresses: "A" rows lane%16 / chunk half lane/16 (Q, and V with .trans);
     // "B" rows lane%8 + 8*(lane/16) / chunk half (lane/8)%2 (K as the B operand of Q K^T).
@@ -110,12 +93,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) decode_kern
     const uint32_t k_lane = TileKV::lane((lane & 7) | ((lane >> 4) << 3), (lane >> 3) & 1);
     const uint32_t v_lane = TileKV::lane(lane & 15, lane >> 4);
     uint32_t rQ[Tr::kQInRegs ? Tr::kKSteps : 1][4];
-    if constexpr (Tr::kQInRegs) {
-      mma::cp_async_wait<Tr::kStages - 1>();  // the Q group (the first) has landed
-      __syncthreads();
-#pragma unroll
-      for (int kk = 0; kk < Tr::kKSteps; ++kk) mma::ldsm_x4(rQ[kk], TileQ::at(q_lane, 0, 2 * kk));
-    }
+    if constexpr (Tr::kQInRegs) load_q_regs<Tr>(rQ, q_lane);  // Q as A fragments, for the whole loop
 
     // The first key a row may not see is cache_len + i + 1 >= cache_len + 1: blocks that end at or
     // below cache_len + 1 need no mask (all but the last one or two of a long cache).
@@ -125,13 +103,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) decode_kern
       // Block n has landed and every warp is done with the stage the prefetch below overwrites.
       mma::cp_async_wait<Tr::kStages - 2>();
       __syncthreads();
-      const int pf = n + Tr::kStages - 1;
-      if (pf < count) {
-        const int pf_stage = pf % Tr::kStages;
-        loader.load(sKV + pf_stage * Tr::kStageBytes, sKV + pf_stage * Tr::kStageBytes + TileKV::kBytes,
-                    (blocks.begin + pf) * Tr::kBlockN, L);
-      }
-      mma::cp_async_commit();
+      prefetch_block<Tr>(loader, sKV, blocks.begin, n + Tr::kStages - 1, count, L);  // K/V of block n + kStages - 1
 
       const uint32_t sK = sKV + stage * Tr::kStageBytes, sV = sK + TileKV::kBytes;
       const int n0 = (blocks.begin + n) * Tr::kBlockN;
@@ -157,40 +129,12 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) decode_kern
         mma::mma_16816<T>(rS[0][0], qa, b_lo, rS[0][0]);
         mma::mma_16816<T>(rS[0][1], qa, b_hi, rS[0][1]);
       }
-      // Scores in log2 units (the softmax then runs with c = 1 whatever the sign of the scale).
-#pragma unroll
-      for (int ni = 0; ni < 2; ++ni)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) rS[0][ni][e] *= a.scale_log2;
-      if (n0 + Tr::kBlockN > unmasked_end) {
-        // Key j visible to packed row R (new token i = R % S_new) iff j <= cache_len + i (this
-        // also drops the zero-filled rows past L). Lane (g8, t) holds rows g8, g8+8 and keys
-        // 2t, 2t+1 of each n8 tile.
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const int R = r0 + lane / 4 + 8 * rr;
-          const int limit = cache_len + R % a.S_new + 1;
-#pragma unroll
-          for (int ni = 0; ni < 2; ++ni)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int j = n0 + w0 + ni * 8 + 2 * (lane % 4) + e;
-              if (j >= limit) rS[0][ni][2 * rr + e] = -INFINITY;
-            }
-        }
-      }
+      scale_scores(rS, a.scale_log2);  // S *= scale * log2(e)
+      if (n0 + Tr::kBlockN > unmasked_end)
+        mask_new_tokens(rS, cache_len, a.S_new, r0, n0 + w0, lane);  // S = -inf where j > cache_len + i
       uint32_t rP[1][2][2];
       softmax.template update<T>(rS, rP, rO, /*c=*/1.f);  // P = 2^(S - m_new), rescale O
-      // O += P V_w: P's accumulator pairs are the A fragment of one k16 step.
-      const uint32_t pa[4] = {rP[0][0][0], rP[0][0][1], rP[0][1][0], rP[0][1][1]};
-#pragma unroll
-      for (int dp = 0; dp < Tr::kDTiles / 2; ++dp) {
-        uint32_t vb[4];
-        mma::ldsm_x4_trans(vb, TileKV::at(sV + v_lane, w0, 2 * dp));
-        const uint32_t b_lo[2] = {vb[0], vb[1]}, b_hi[2] = {vb[2], vb[3]};
-        mma::mma_16816<T>(rO[0][2 * dp], pa, b_lo, rO[0][2 * dp]);
-        mma::mma_16816<T>(rO[0][2 * dp + 1], pa, b_hi, rO[0][2 * dp + 1]);
-      }
+      gemm_pv_warp<Tr, T>(rO, rP, sV + v_lane, w0);  // O += P V_w
       stage = stage + 1 == Tr::kStages ? 0 : stage + 1;
     }
     mma::cp_async_wait<0>();
@@ -207,21 +151,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) decode_kern
   float* fL = fM + Tr::kNWarps * Tr::kRows;                         // [kNWarps][kRows]
   float* fW = fL + Tr::kNWarps * Tr::kRows;                         // [kNWarps][kRows] weights
   float* fLse = fW + Tr::kNWarps * Tr::kRows;                       // [kRows]
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float l = softmax.l_i[0][rr];  // this lane's share of the row sum
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int row = warp * Tr::kRows + lane / 4 + 8 * rr;
-#pragma unroll
-    for (int di = 0; di < Tr::kDTiles; ++di)
-      *reinterpret_cast<float2*>(fO + row * Tr::kLdO + di * 8 + 2 * (lane % 4)) =
-          make_float2(rO[0][di][2 * rr], rO[0][di][2 * rr + 1]);
-    if (lane % 4 == 0) {
-      fM[row] = softmax.m_i[0][rr];
-      fL[row] = l;
-    }
-  }
+  stage_warp_state<Tr>(fO, fM, fL, rO, softmax.m_i, softmax.l_i, warp, lane);  // O_w, m_w, l_w
   __syncthreads();
   if (tid < Tr::kRows) {
     float m = -INFINITY;
@@ -241,33 +171,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) decode_kern
     fLse[tid] = empty ? -INFINITY : (m + log2f(l)) * kLn2;
   }
   __syncthreads();
-  constexpr int kVec = Tr::kHeadDim / 4;  // float4 columns per row
-  for (int idx = tid; idx < m_rows * kVec; idx += Tr::kThreads) {
-    const int r = idx / kVec, c4 = idx % kVec;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int w = 0; w < Tr::kNWarps; ++w) {
-      const float wt = fW[w * Tr::kRows + r];
-      const float4 o = *reinterpret_cast<const float4*>(fO + (w * Tr::kRows + r) * Tr::kLdO + 4 * c4);
-      acc.x = fmaf(wt, o.x, acc.x);
-      acc.y = fmaf(wt, o.y, acc.y);
-      acc.z = fmaf(wt, o.z, acc.z);
-      acc.w = fmaf(wt, o.w, acc.w);
-    }
-    const int R = r0 + r, hq = g * a.group + R / a.S_new, i = R % a.S_new;
-    const int64_t row = (static_cast<int64_t>(b) * a.H + hq) * a.S_new + i;
-    if (a.splits == 1) {
-      T* dst = a.o + b * a.o_st.batch + hq * a.o_st.head + i * a.o_st.row + 4 * c4;
-      dst[0] = from_float<T>(acc.x);
-      dst[1] = from_float<T>(acc.y);
-      dst[2] = from_float<T>(acc.z);
-      dst[3] = from_float<T>(acc.w);
-      if (c4 == 0) a.lse[row] = fLse[r];
-    } else {
-      reinterpret_cast<float4*>(a.ws.o + (split * a.rows_total + row) * Tr::kHeadDim)[c4] = acc;
-      if (c4 == 0) a.ws.lse[split * a.rows_total + row] = fLse[r];
-    }
-  }
+  write_merged<Tr>(a, fO, fW, fLse, b, g, split, r0, m_rows, tid);  // O = sum_w weight_w O_w, lse
   if (a.splits > 1) merge_splits<Tr>(a, b, g, r0, m_rows);
 }
 

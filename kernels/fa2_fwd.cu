@@ -54,7 +54,7 @@ namespace fa2_fwd {
 template <class Kt>
 __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocksPerSm) fa2_fwd_kernel(const Args a) {
   constexpr int kTM = Kt::kTM, kSN = Kt::kSN, kON = Kt::kON, kTN = Kt::kTN;
-  constexpr int kBlockM = Kt::kBlockM, kBlockN = Kt::kBlockN;
+  constexpr int kBlockN = Kt::kBlockN;
   extern __shared__ float4 smem_f4[];
   float* sQt = reinterpret_cast<float*>(smem_f4);  // (kHeadDim, kBlockM)  Qᵀ · scale·log2 e
   float* sK = sQt + Kt::kSizeQ;                    // (kBlockN, kLdK)
@@ -64,37 +64,7 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocksPerSm) fa2_fwd_ker
   const volatile BlockInfo& info = s_info;
 
   int n_begin, n_end;  // K/V blocks holding any key visible to a row of this Q block
-  {
-    const TileCoords tile = tile_coords(a);
-    const int m0 = tile.m_block * kBlockM;
-    const int rows = min(kBlockM, a.S_q - m0);
-    // begin and end of visible_keys(i) never decrease with i, so the block's rows see at most
-    // [first.begin, last.end) and all of them see [last.begin, first.end).
-    const int seqlen = a.vis.seqlen_k(tile.b);
-    const IndexRange first = a.vis.keys(m0, seqlen), last = a.vis.keys(m0 + rows - 1, seqlen);
-    // Clamped to [0, seqlen]: a range that starts past seqlen (a window far right of the keys)
-    // is empty but has begin = end > seqlen.
-    const int kv_lo = clamp_to(first.begin, seqlen), kv_hi = clamp_to(last.end, seqlen);
-    const int full_lo = clamp_to(last.begin, seqlen), full_hi = clamp_to(first.end, seqlen);
-    n_begin = kv_lo / kBlockN;
-    n_end = kv_hi > kv_lo ? (kv_hi + kBlockN - 1) / kBlockN : n_begin;
-    if (threadIdx.x == 0) {
-      s_info.b = tile.b;
-      s_info.h = tile.h;
-      s_info.m0 = m0;
-      s_info.seqlen = seqlen;
-      s_info.kv_hi = kv_hi;
-      const bool any_full = full_hi > full_lo;
-      s_info.n_full_begin = any_full ? (full_lo + kBlockN - 1) / kBlockN : 0;
-      s_info.n_full_end = any_full ? full_hi / kBlockN : 0;
-    }
-    if (n_end > n_begin) {  // block-uniform
-      load_kv_tile<Kt>(sK, Kt::kLdK, k_head(a, tile.b, tile.h), a.k_st.row, n_begin * kBlockN, kv_hi);
-      cp_async_commit();
-      load_q_transposed<Kt>(sQt, a.q + tile.b * a.q_st.batch + tile.h * a.q_st.head + m0 * a.q_st.row,
-                            a.q_st.row, rows, a.scale_log2);
-    }
-  }
+  block_setup<Kt>(a, s_info, sQt, sK, n_begin, n_end);  // block's key range, s_info; load K_1, Q_i
   __syncthreads();  // s_info visible (the loop's first barrier would do, but not an empty loop)
 
   const int tc = threadIdx.x % kTN;  // column group: keys tc + kTN t, O columns 4(tc + kTN k) + e
@@ -129,67 +99,14 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocksPerSm) fa2_fwd_ker
     float rS[kTM][kSN];  // (kTM, kSN) S'_ij = S_ij log2 e
     gemm_qk<Kt>(rS, sQ_thr, sK_thr);
 
-    if (has_bias) {  // S' += mask log2 e, from the tile staged in the Pᵀ buffer
-      cp_async_wait_all();
-      __syncthreads();
-#pragma unroll
-      for (int t = 0; t < kSN; ++t) {
-        const float* src = sP_thr + (tc + kTN * t) * Kt::kLdP;
-        const float4 ba = *reinterpret_cast<const float4*>(src);
-        const float4 bb = *reinterpret_cast<const float4*>(src + 4);
-        const float rB[kTM] = {ba.x, ba.y, ba.z, ba.w, bb.x, bb.y, bb.z, bb.w};
-#pragma unroll
-        for (int r = 0; r < kTM; ++r) rS[r][t] = fmaf(rB[r], kLog2e, rS[r][t]);
-      }
-      __syncthreads();  // everyone has its bias before P overwrites the buffer
-    }
-    if (n_block < info.n_full_begin || n_block >= info.n_full_end) {  // straddles a row's boundary
-      const int seqlen = info.seqlen;
-      const int row0 = info.m0 + thread_index_here() / kTN * kTM;
-      const int col0 = n0 + thread_index_here() % kTN;
-#pragma unroll
-      for (int r = 0; r < kTM; ++r) {
-        const IndexRange keys = a.vis.keys(row0 + r, seqlen);
-        const int lo = clamp_to(keys.begin, seqlen), hi = clamp_to(keys.end, seqlen);
-#pragma unroll
-        for (int t = 0; t < kSN; ++t) {
-          const int j = col0 + kTN * t;
-          if (j < lo || j >= hi) rS[r][t] = -INFINITY;
-        }
-      }
-    }
+    if (has_bias) add_bias<Kt>(rS, sP_thr, tc);  // S' += mask log2 e
+    if (n_block < info.n_full_begin || n_block >= info.n_full_end)  // straddles a row's boundary
+      mask_scores<Kt>(rS, a, info, n0);
 
     // m_new = max(m_i, rowmax(S)); P = exp(S - m_new); l_i = e^(m_i - m_new) l_i + rowsum(P);
-    // O_i = diag(e^(m_i - m_new)) O_i. A row with no finite score yet keeps m = -inf and
-    // subtracts 0 instead, so its P is exp(-inf) = 0 rather than NaN.
-#pragma unroll
-    for (int r = 0; r < kTM; ++r) {
-      float mx = rS[r][0];
-#pragma unroll
-      for (int t = 1; t < kSN; ++t) mx = fmaxf(mx, rS[r][t]);
-#pragma unroll
-      for (int off = kTN / 2; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-      const float m_new = fmaxf(m_i[r], mx);
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = ex2(m_i[r] - m_use);
-      m_i[r] = m_new;
-      float rowsum = 0.f;
-#pragma unroll
-      for (int t = 0; t < kSN; ++t) {
-        rS[r][t] = ex2(rS[r][t] - m_use);
-        rowsum += rS[r][t];
-      }
-      l_i[r] = fmaf(l_i[r], alpha, rowsum);
-#pragma unroll
-      for (int c = 0; c < kON; ++c) rO[r][c] *= alpha;
-    }
-    // P_ijᵀ to shared memory: for each owned key, its 8 rows as two 128-bit stores.
-#pragma unroll
-    for (int t = 0; t < kSN; ++t) {
-      float* dst = sP_thr + (tc + kTN * t) * Kt::kLdP;
-      *reinterpret_cast<float4*>(dst) = make_float4(rS[0][t], rS[1][t], rS[2][t], rS[3][t]);
-      *reinterpret_cast<float4*>(dst + 4) = make_float4(rS[4][t], rS[5][t], rS[6][t], rS[7][t]);
-    }
+    // O_i = diag(e^(m_i - m_new)) O_i
+    online_softmax<Kt>(rS, rO, m_i, l_i);
+    store_pt<Kt>(sP_thr, rS, tc);  // P_ijᵀ -> shared memory
 
     // P and V_j visible; every thread is done with K_j, so the next K tile may land in sK while
     // P V runs.
@@ -202,26 +119,7 @@ __global__ void __launch_bounds__(Kt::kThreads, Kt::kMinBlocksPerSm) fa2_fwd_ker
     gemm_pv<Kt>(rO, sP_thr, sV_thr);  // O_i += P_ij V_j
   }
 
-  // O_i = diag(l_i)^-1 O_i;  L_i = m_i + log(l_i)  (natural log: m_i is in log2 units).
-  const int b = info.b, h = info.h;
-  float* gO = a.o + b * a.o_st.batch + h * a.o_st.head;
-  float* gLse = a.lse + (static_cast<int64_t>(b) * a.H + h) * a.S_q;
-#pragma unroll
-  for (int r = 0; r < kTM; ++r) {
-    float l = l_i[r];
-#pragma unroll
-    for (int off = kTN / 2; off > 0; off /= 2) l += __shfl_xor_sync(0xffffffffu, l, off);
-    const int i = info.m0 + tr * kTM + r;
-    if (i >= a.S_q) continue;
-    const float inv_l = l > 0.f ? 1.f / l : 0.f;  // l = 0: no visible finite score, O = 0
-    float* o_row = gO + i * a.o_st.row;
-#pragma unroll
-    for (int ch = 0; ch < Kt::kOChunks; ++ch)
-      *reinterpret_cast<float4*>(o_row + 4 * (tc + kTN * ch)) =
-          make_float4(rO[r][4 * ch] * inv_l, rO[r][4 * ch + 1] * inv_l, rO[r][4 * ch + 2] * inv_l,
-                      rO[r][4 * ch + 3] * inv_l);
-    if (tc == 0) gLse[i] = l > 0.f ? fmaf(m_i[r], kLn2, logf(l)) : -INFINITY;
-  }
+  epilogue<Kt>(a, info, rO, m_i, l_i, tr, tc);  // O_i = diag(l_i)^-1 O_i; L_i = m_i + log(l_i)
 }
 
 // Heaviest Q blocks first when key ranges grow (causal: the last rows see the most keys) or

@@ -140,6 +140,17 @@ struct LaneAddr {
   }
 };
 
+// Zeroes a fragment array (the O accumulators at the start, S before each Q K^T).
+template <int M, int N>
+__device__ __forceinline__ void zero_frags(float (&acc)[M][N][4]) {
+#pragma unroll
+  for (int mi = 0; mi < M; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < N; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.f;
+}
+
 // Q fragments of m16 tile mi, k16 step kk: {a0, a1, a2, a3} = rows (g, g+8) x columns (2t, 2t+8).
 template <class Tr>
 __device__ __forceinline__ void load_q_frag(uint32_t (&a)[4], const LaneAddr<Tr>& la, int mi, int kk) {
@@ -256,6 +267,37 @@ __device__ __forceinline__ void mask_scores(float (&rS)[Tr::kMTiles][Tr::kNTiles
     }
 }
 
+// Lines 12-15: O_i = diag(l_i)^-1 O_i, L_i = (m_i*c + log2(l_i)) * ln2; write O_i (staged
+// through the Q tile's shared memory) and L_i.
+template <class Tr, class T>
+__device__ __forceinline__ void epilogue(const Args<T>& a, float (&rO)[Tr::kMTiles][Tr::kDTiles][4],
+                                         mma::OnlineSoftmax<Tr::kMTiles, Tr::kNTiles>& softmax, uint32_t sQ, int b,
+                                         int h, int m0, int m_rows, int warp, int lane, int tid) {
+  using TileQ = typename Tr::TileQ;
+  float lse[Tr::kMTiles][2];
+  softmax.finalize(rO, a.c, lse);  // O /= l
+
+  // Stage O through shared memory (the Q tile's space) so global stores are whole 16-byte rows.
+  __syncthreads();  // every warp has finished reading sQ, sK, sV
+  float* gLse = a.lse + (static_cast<int64_t>(b) * a.H + h) * a.S_q;
+  // Lane (g, t) holds columns 2t, 2t+1 of rows g, g+8 in every n8 tile: one 32-bit store each.
+  const uint32_t o_lane = sQ + TileQ::block(warp * Tr::kWarpRows, 0) + TileQ::lane(lane / 4, 0) + 4 * (lane % 4);
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int di = 0; di < Tr::kDTiles; ++di)
+        mma::sts_32(TileQ::at(o_lane, mi * 16 + r * 8, di),
+                    mma::pack2<T>(rO[mi][di][2 * r], rO[mi][di][2 * r + 1]));
+      const int row = warp * Tr::kWarpRows + mi * 16 + r * 8 + lane / 4;
+      if (lane % 4 == 0 && row < m_rows) gLse[m0 + row] = lse[mi][r];
+    }
+  __syncthreads();
+  T* gO = a.o + b * a.o_st.batch + h * a.o_st.head + static_cast<int64_t>(m0) * a.o_st.row;
+  mma::store_tile<TileQ, Tr::kThreads>(gO, a.o_st.row, m_rows, sQ, tid);
+}
+
 template <class Tr, class T, bool kPrescale>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) forward_kernel(const Args<T> a) {
   using TileQ = typename Tr::TileQ;
@@ -292,12 +334,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) forward_ker
   };
 
   float rO[Tr::kMTiles][Tr::kDTiles][4];  // (kWarpRows, kHeadDim) per warp
-#pragma unroll
-  for (int mi = 0; mi < Tr::kMTiles; ++mi)
-#pragma unroll
-    for (int di = 0; di < Tr::kDTiles; ++di)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) rO[mi][di][e] = 0.f;
+  zero_frags(rO);
   mma::OnlineSoftmax<Tr::kMTiles, Tr::kNTiles> softmax;
   softmax.init();
 
@@ -346,12 +383,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) forward_ker
       mma::cp_async_commit();
 
       float rS[Tr::kMTiles][Tr::kNTiles][4];  // (kWarpRows, kBlockN) per warp
-#pragma unroll
-      for (int mi = 0; mi < Tr::kMTiles; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < Tr::kNTiles; ++ni)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) rS[mi][ni][e] = 0.f;
+      zero_frags(rS);
       gemm_qk<Tr, T>(rS, rQ, sK + stage * TileKV::kBytes, la);  // S = Q K_j^T
       if constexpr (kMasked)
         mask_scores<Tr, kPrescale, T>(rS, a, b, h, m0 + warp * Tr::kWarpRows, n_block * Tr::kBlockN, seqlen_k, lane);
@@ -368,28 +400,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) forward_ker
     }
   }
 
-  float lse[Tr::kMTiles][2];
-  softmax.finalize(rO, a.c, lse);  // O /= l
-
-  // Stage O through shared memory (the Q tile's space) so global stores are whole 16-byte rows.
-  __syncthreads();  // every warp has finished reading sQ, sK, sV
-  float* gLse = a.lse + (static_cast<int64_t>(b) * a.H + h) * a.S_q;
-  // Lane (g, t) holds columns 2t, 2t+1 of rows g, g+8 in every n8 tile: one 32-bit store each.
-  const uint32_t o_lane = sQ + TileQ::block(warp * Tr::kWarpRows, 0) + TileQ::lane(lane / 4, 0) + 4 * (lane % 4);
-#pragma unroll
-  for (int mi = 0; mi < Tr::kMTiles; ++mi)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-#pragma unroll
-      for (int di = 0; di < Tr::kDTiles; ++di)
-        mma::sts_32(TileQ::at(o_lane, mi * 16 + r * 8, di),
-                    mma::pack2<T>(rO[mi][di][2 * r], rO[mi][di][2 * r + 1]));
-      const int row = warp * Tr::kWarpRows + mi * 16 + r * 8 + lane / 4;
-      if (lane % 4 == 0 && row < m_rows) gLse[m0 + row] = lse[mi][r];
-    }
-  __syncthreads();
-  T* gO = a.o + b * a.o_st.batch + h * a.o_st.head + static_cast<int64_t>(m0) * a.o_st.row;
-  mma::store_tile<TileQ, Tr::kThreads>(gO, a.o_st.row, m_rows, sQ, tid);
+  epilogue<Tr, T>(a, rO, softmax, sQ, b, h, m0, m_rows, warp, lane, tid);  // lines 12-15
 }
 
 template <class T, int kHeadDim>

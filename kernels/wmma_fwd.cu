@@ -211,30 +211,6 @@ struct Args {
   Visibility vis;
 };
 
-// Key blocks [begin, end) holding a key visible to some row of [i_first, i_last], and the full
-// blocks (every key visible to every row) inside them. visible_keys() is monotone in the row, so
-// the union is [begin(i_first), end(i_last)) and the intersection [begin(i_last), end(i_first)).
-struct KeyBlocks {
-  int begin = 0, end = 0, full_begin = 0, full_end = 0;
-};
-template <int kBlockN>
-__device__ __forceinline__ KeyBlocks key_blocks(const Visibility& vis, int64_t i_first, int64_t i_last,
-                                                int seqlen_k) {
-  KeyBlocks kb;
-  const IndexRange first = vis.keys(i_first, seqlen_k), last = vis.keys(i_last, seqlen_k);
-  const int64_t lo = first.begin > 0 ? first.begin : 0, hi = last.end < seqlen_k ? last.end : seqlen_k;
-  if (hi <= lo) return kb;
-  kb.begin = static_cast<int>(lo / kBlockN);
-  kb.end = static_cast<int>((hi + kBlockN - 1) / kBlockN);
-  const int64_t flo = last.begin, fhi = first.end;
-  if (fhi > flo) {
-    kb.full_begin = static_cast<int>((flo + kBlockN - 1) / kBlockN);
-    kb.full_end = static_cast<int>(fhi / kBlockN);
-    if (kb.full_end < kb.full_begin) kb.full_end = kb.full_begin;
-  }
-  return kb;
-}
-
 template <class Tr, class T, bool kLdsm>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) forward_kernel(const Args<T> a) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -263,13 +239,8 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) forward_ker
   const uint32_t row_map = wmma_tile::probe_acc_rows(sS, lane);  // row of each accumulator element
 
   AccFrag rO[Tr::kMTiles][Tr::kDTiles];  // (kWarpRows, kHeadDim)
-#pragma unroll
-  for (int mi = 0; mi < Tr::kMTiles; ++mi)
-#pragma unroll
-    for (int di = 0; di < Tr::kDTiles; ++di) wmma::fill_fragment(rO[mi][di], 0.f);
   float m_i[Tr::kMTiles], l_i[Tr::kMTiles];
-#pragma unroll
-  for (int mi = 0; mi < Tr::kMTiles; ++mi) m_i[mi] = -INFINITY, l_i[mi] = 0.f;
+  init_o_stats<Tr>(rO, m_i, l_i);  // O_i = 0, l_i = 0, m_i = -inf
 
   if (kb.end > kb.begin) {
     const int hk = h / a.h_per_kv;  // GQA: the kv head this query head reads
@@ -291,15 +262,7 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) forward_ker
     const int64_t row0 = m0 + warp * Tr::kWarpRows;  // the warp's first query row
     // m_new, P, l_i of the warp's rows; alpha to sRow. True when a row maximum moved.
     auto softmax = [&](int n_block) -> bool {
-      const int n0 = n_block * Tr::kBlockN;
-      if (general_softmax)
-        return softmax_block_general<Tr>(sS, sRow, m_i, l_i, a, b, h, row0, n0, seqlen_k, lane);
-      const bool boundary = n_block < kb.full_begin || n_block >= kb.full_end;
-      return boundary
-                 ? softmax_block_fast<Tr, /*kBoundary=*/true, T>(sS, sRow, m_i, l_i, a.scale_log2, a.vis, row0, n0,
-                                                                 seqlen_k, lane)
-                 : softmax_block_fast<Tr, /*kBoundary=*/false, T>(sS, sRow, m_i, l_i, a.scale_log2, a.vis, row0,
-                                                                  n0, seqlen_k, lane);
+      return softmax_block<Tr>(sS, sRow, m_i, l_i, a, b, h, row0, n_block, kb, general_softmax, seqlen_k, lane);
     };
 
     if constexpr (!Tr::kQInRegs) {
@@ -360,46 +323,9 @@ __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinBlocksPerSm) forward_ker
     }
   }
 
-  // O = diag(l)^-1 O; L = (m + log2 l) ln 2. The lane pair of a row sums its partial l first.
-  __syncwarp();  // every lane is done reading alpha before 1/l replaces it
-  float* gLse = a.lse + (static_cast<int64_t>(b) * a.H + h) * a.S_q;
-  const int half = lane & 1;
-#pragma unroll
-  for (int pass = 0; pass < Tr::kMTiles; ++pass) {
-    const int r = pass * 16 + (lane >> 1);
-    const float l = l_i[pass] + __shfl_xor_sync(0xffffffffu, l_i[pass], 1);
-    const int row = warp * Tr::kWarpRows + r;  // within the block
-    if (half == 0) {
-      sRow[r] = l > 0.f ? 1.f / l : 0.f;
-      if (row < m_rows) gLse[m0 + row] = l > 0.f ? (m_i[pass] + log2f(l)) * kLn2 : -INFINITY;
-    }
-  }
-  // Stage O through the warp's S tile, kWarpRows rows x kOChunk columns at a time, so each lane
-  // writes whole 16-byte pieces of a row and a warp writes whole rows.
-  T* gO = a.o + b * a.o_st.batch + h * a.o_st.head + static_cast<int64_t>(m0) * a.o_st.row;
-  constexpr int kVecPerRow = Tr::kOChunk / 8;
-#pragma unroll
-  for (int d0 = 0; d0 < Tr::kHeadDim; d0 += Tr::kOChunk) {
-    __syncwarp();  // 1/l written; the previous chunk (or P·V's reads of P) done with the tile
-#pragma unroll
-    for (int mi = 0; mi < Tr::kMTiles; ++mi)
-#pragma unroll
-      for (int dj = 0; dj < Tr::kOChunk / 16; ++dj)
-        wmma::store_matrix_sync(sS + mi * 16 * Tr::kPitchS + dj * 16, rO[mi][d0 / 16 + dj], Tr::kPitchS,
-                                wmma::mem_row_major);
-    __syncwarp();
-#pragma unroll
-    for (int v = lane; v < Tr::kWarpRows * kVecPerRow; v += 32) {
-      const int r = v / kVecPerRow, c = (v % kVecPerRow) * 8;
-      const int row = warp * Tr::kWarpRows + r;
-      const float inv_l = sRow[r];
-      const float4 lo4 = *reinterpret_cast<const float4*>(sS + r * Tr::kPitchS + c);
-      const float4 hi4 = *reinterpret_cast<const float4*>(sS + r * Tr::kPitchS + c + 4);
-      const float o[8] = {lo4.x * inv_l, lo4.y * inv_l, lo4.z * inv_l, lo4.w * inv_l,
-                          hi4.x * inv_l, hi4.y * inv_l, hi4.z * inv_l, hi4.w * inv_l};
-      if (row < m_rows) wmma_tile::store8<T>(gO + row * a.o_st.row + d0 + c, o);
-    }
-  }
+  // O = diag(l)^-1 O; L = (m + log2 l) ln 2 (lines 12-13), then O to global memory (line 14).
+  finalize_rows<Tr>(a, sRow, m_i, l_i, b, h, m0, m_rows, warp, lane);
+  store_o<Tr>(a, rO, sS, sRow, b, h, m0, m_rows, warp, lane);
 }
 
 template <class T>

@@ -1,5 +1,7 @@
 // The pieces of the mma decode kernel (kernels/decode_mma.cu): the traits per head dim (regular
-// and deep pipelines), the kernel arguments, the K/V block loader (contiguous or paged), and the
+// and deep pipelines), the kernel arguments, the K/V block loader (contiguous or paged), the
+// kernel's steps (O = 0, the first K/V loads, Q into registers, the per-block prefetch, the packed
+// Q tile, scale and mask of S, O += P V_w, the first and last parts of the warp merge), and the
 // in-kernel split merge done by a group's last CTA. Included by decode_mma.cu alone.
 #pragma once
 
@@ -10,6 +12,7 @@
 
 #include "common/decode.cuh"
 #include "common/dtype.cuh"
+#include "common/math_constants.h"
 #include "common/mma_sm80.cuh"
 #include "common/swizzled_smem.cuh"
 #include "flashattn/params.h"
@@ -158,6 +161,169 @@ struct KVLoader {
     }
   }
 };
+
+// O = 0 (this warp's partial O over its keys).
+template <int kDTiles>
+__device__ __forceinline__ void zero_o(float (&rO)[1][kDTiles][4]) {
+#pragma unroll
+  for (int di = 0; di < kDTiles; ++di)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) rO[0][di][e] = 0.f;
+}
+
+// Load K/V blocks 0 .. kStages-2 of the piece (one commit group each, empty past count).
+template <class Tr, class Loader>
+__device__ __forceinline__ void load_first_stages(const Loader& loader, uint32_t sKV, int block_begin, int count,
+                                                  int L) {
+  using TileKV = typename Tr::TileKV;
+#pragma unroll
+  for (int s = 0; s < Tr::kStages - 1; ++s) {
+    if (s < count) loader.load(sKV + s * Tr::kStageBytes, sKV + s * Tr::kStageBytes + TileKV::kBytes,
+                               (block_begin + s) * Tr::kBlockN, L);
+    mma::cp_async_commit();
+  }
+}
+
+// Q as the A fragments of the kKSteps k16 steps, held in registers for the whole loop.
+template <class Tr>
+__device__ __forceinline__ void load_q_regs(uint32_t (&rQ)[Tr::kKSteps][4], uint32_t q_lane) {
+  using TileQ = typename Tr::TileQ;
+  mma::cp_async_wait<Tr::kStages - 1>();  // the Q group (the first) has landed
+  __syncthreads();
+#pragma unroll
+  for (int kk = 0; kk < Tr::kKSteps; ++kk) mma::ldsm_x4(rQ[kk], TileQ::at(q_lane, 0, 2 * kk));
+}
+
+// Load K/V block pf of the piece into its stage (pf % kStages), if there is one; one commit group
+// either way, so the wait counts stay fixed.
+template <class Tr, class Loader>
+__device__ __forceinline__ void prefetch_block(const Loader& loader, uint32_t sKV, int block_begin, int pf, int count,
+                                               int L) {
+  using TileKV = typename Tr::TileKV;
+  if (pf < count) {
+    const int pf_stage = pf % Tr::kStages;
+    loader.load(sKV + pf_stage * Tr::kStageBytes, sKV + pf_stage * Tr::kStageBytes + TileKV::kBytes,
+                (block_begin + pf) * Tr::kBlockN, L);
+  }
+  mma::cp_async_commit();
+}
+
+// Q tile: packed row R = r0 + r is query head g*G + R / S_new, new token R % S_new; rows past
+// the group are zero-filled (they compute harmless scores that are never stored).
+template <class Tr, class T>
+__device__ __forceinline__ void load_q_tile(const Args<T>& a, uint32_t sQ, int b, int g, int r0, int m_rows,
+                                            int tid) {
+  using TileQ = typename Tr::TileQ;
+  for (int c = tid; c < Tr::kRows * TileQ::kChunks; c += Tr::kThreads) {
+    const int r = c / TileQ::kChunks, ch = c % TileQ::kChunks, R = r0 + r;
+    const bool valid = r < m_rows;
+    const T* src = valid ? a.q + b * a.q_st.batch + (g * a.group + R / a.S_new) * a.q_st.head +
+                               (R % a.S_new) * a.q_st.row + ch * 8
+                         : a.q;
+    mma::cp_async_16_u32(sQ + TileQ::offset(r, ch), src, valid);
+  }
+}
+
+// Scores in log2 units (the softmax then runs with c = 1 whatever the sign of the scale).
+__device__ __forceinline__ void scale_scores(float (&rS)[1][2][4], float scale_log2) {
+#pragma unroll
+  for (int ni = 0; ni < 2; ++ni)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) rS[0][ni][e] *= scale_log2;
+}
+
+// Causal at the bottom right: key j visible to packed row R (new token i = R % S_new) iff
+// j <= cache_len + i (this also drops the zero-filled rows past L). Lane (g8, t) holds rows g8,
+// g8+8 and keys 2t, 2t+1 of each n8 tile; j0 is the warp's first key (block start + w0).
+__device__ __forceinline__ void mask_new_tokens(float (&rS)[1][2][4], int cache_len, int S_new, int r0, int j0,
+                                                int lane) {
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int R = r0 + lane / 4 + 8 * rr;
+    const int limit = cache_len + R % S_new + 1;
+#pragma unroll
+    for (int ni = 0; ni < 2; ++ni)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = j0 + ni * 8 + 2 * (lane % 4) + e;
+        if (j >= limit) rS[0][ni][2 * rr + e] = -INFINITY;
+      }
+  }
+}
+
+// O += P V_w: P's accumulator pairs are the A fragment of one k16 step (v_lane: the V tile plus
+// this lane's ldmatrix part; w0: the warp's first key).
+template <class Tr, class T>
+__device__ __forceinline__ void gemm_pv_warp(float (&rO)[1][Tr::kDTiles][4], const uint32_t (&rP)[1][2][2],
+                                             uint32_t v_lane, int w0) {
+  using TileKV = typename Tr::TileKV;
+  const uint32_t pa[4] = {rP[0][0][0], rP[0][0][1], rP[0][1][0], rP[0][1][1]};
+#pragma unroll
+  for (int dp = 0; dp < Tr::kDTiles / 2; ++dp) {
+    uint32_t vb[4];
+    mma::ldsm_x4_trans(vb, TileKV::at(v_lane, w0, 2 * dp));
+    const uint32_t b_lo[2] = {vb[0], vb[1]}, b_hi[2] = {vb[2], vb[3]};
+    mma::mma_16816<T>(rO[0][2 * dp], pa, b_lo, rO[0][2 * dp]);
+    mma::mma_16816<T>(rO[0][2 * dp + 1], pa, b_hi, rO[0][2 * dp + 1]);
+  }
+}
+
+// Warp merge, first part: each warp's O_w (kRows, kHeadDim), m_w and l_w (its lanes' shares
+// summed) to shared memory.
+template <class Tr>
+__device__ __forceinline__ void stage_warp_state(float* fO, float* fM, float* fL, const float (&rO)[1][Tr::kDTiles][4],
+                                                 const float (&m_i)[1][2], const float (&l_i)[1][2], int warp,
+                                                 int lane) {
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float l = l_i[0][rr];  // this lane's share of the row sum
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int row = warp * Tr::kRows + lane / 4 + 8 * rr;
+#pragma unroll
+    for (int di = 0; di < Tr::kDTiles; ++di)
+      *reinterpret_cast<float2*>(fO + row * Tr::kLdO + di * 8 + 2 * (lane % 4)) =
+          make_float2(rO[0][di][2 * rr], rO[0][di][2 * rr + 1]);
+    if (lane % 4 == 0) {
+      fM[row] = m_i[0][rr];
+      fL[row] = l;
+    }
+  }
+}
+
+// Warp merge, last part (after the weights): O = sum_w weight_w O_w, one float4 per thread and
+// step, to the output (one split) or to the split's workspace piece, with lse.
+template <class Tr, class T>
+__device__ __forceinline__ void write_merged(const Args<T>& a, const float* fO, const float* fW, const float* fLse,
+                                             int b, int g, int split, int r0, int m_rows, int tid) {
+  constexpr int kVec = Tr::kHeadDim / 4;  // float4 columns per row
+  for (int idx = tid; idx < m_rows * kVec; idx += Tr::kThreads) {
+    const int r = idx / kVec, c4 = idx % kVec;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < Tr::kNWarps; ++w) {
+      const float wt = fW[w * Tr::kRows + r];
+      const float4 o = *reinterpret_cast<const float4*>(fO + (w * Tr::kRows + r) * Tr::kLdO + 4 * c4);
+      acc.x = fmaf(wt, o.x, acc.x);
+      acc.y = fmaf(wt, o.y, acc.y);
+      acc.z = fmaf(wt, o.z, acc.z);
+      acc.w = fmaf(wt, o.w, acc.w);
+    }
+    const int R = r0 + r, hq = g * a.group + R / a.S_new, i = R % a.S_new;
+    const int64_t row = (static_cast<int64_t>(b) * a.H + hq) * a.S_new + i;
+    if (a.splits == 1) {
+      T* dst = a.o + b * a.o_st.batch + hq * a.o_st.head + i * a.o_st.row + 4 * c4;
+      dst[0] = from_float<T>(acc.x);
+      dst[1] = from_float<T>(acc.y);
+      dst[2] = from_float<T>(acc.z);
+      dst[3] = from_float<T>(acc.w);
+      if (c4 == 0) a.lse[row] = fLse[r];
+    } else {
+      reinterpret_cast<float4*>(a.ws.o + (split * a.rows_total + row) * Tr::kHeadDim)[c4] = acc;
+      if (c4 == 0) a.ws.lse[split * a.rows_total + row] = fLse[r];
+    }
+  }
+}
 
 // Flash-decoding's combine, done by the last CTA of a (batch, kv head, row tile) group to finish
 // instead of by a second kernel (a decode step is a few microseconds; a launch and its drain are

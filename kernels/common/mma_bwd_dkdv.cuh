@@ -102,6 +102,84 @@ __device__ __forceinline__ void scores_to_ds(const Args<T>& a, float (&acc_s)[Kt
   store_acc<TileP, T>(sdS, acc_dp, s_m, s_n, lane, 1.f);
 }
 
+// Load K_j, V_j -> shared memory (once per block): n_keys rows with data, zeros past them.
+template <class Kt, class T>
+__device__ __forceinline__ void load_kv(const Args<T>& a, T* sK, T* sV, int b, int kv_head, int n0, int n_keys,
+                                        int tid) {
+  using TileKV = typename Kt::TileKV;
+  constexpr int kThreads = Kt::kThreads;
+  copy_tile_async<TileKV, kThreads>(sK, a.k + b * a.k_st.batch + kv_head * a.k_st.head + n0 * a.k_st.row,
+                                    a.k_st.row, n_keys, tid);
+  copy_tile_async<TileKV, kThreads>(sV, a.v + b * a.v_st.batch + kv_head * a.v_st.head + n0 * a.v_st.row,
+                                    a.v_st.row, n_keys, tid);
+  mma::cp_async_commit();
+}
+
+// P, dP (dO_i Vᵀ), dS -> sP, sdS (scores_to_ds), with P = exp2(S' - lse') computed by probs_fn:
+// one copy per masking mode (none, the visibility interval, interval and additive mask), each a
+// single basic block. a_s, b_s: the lane addresses of S = Q Kᵀ; dP reads dO and V beside them.
+template <class Kt, class T>
+__device__ __forceinline__ void probs_to_ds(const Args<T>& a, float (&acc_s)[Kt::kMTS][Kt::kNTS][4],
+                                            const float (&lse2)[Kt::kMTS][2], bool masked, int64_t row0,
+                                            const TileCoords& c, T* sP, T* sdS,
+                                            const LaneAddr<typename Kt::TileQ>& a_s,
+                                            const LaneAddr<typename Kt::TileKV>& b_s, uint32_t buf_off, int s_m,
+                                            int s_n, int lane) {
+  constexpr uint32_t kdOOffset = 2 * Kt::TileQ::kBytes;
+  auto to_ds = [&](auto&& probs_fn) {
+    scores_to_ds<Kt>(a, acc_s, probs_fn, row0, c, ptx::smem_u32(sP), ptx::smem_u32(sdS),
+                     a_s.shifted(buf_off + kdOOffset), b_s.shifted(Kt::TileKV::kBytes), s_m, s_n, lane);
+  };
+  const float scale_log2 = a.scale_log2;
+  if (!masked) {
+    to_ds([&] { probs<MaskMode::kNone>(acc_s, lse2, scale_log2, a.vis, c); });
+  } else if (a.vis.mask.ptr == nullptr) {
+    to_ds([&] { probs<MaskMode::kInterval>(acc_s, lse2, scale_log2, a.vis, c); });
+  } else {
+    to_ds([&] { probs<MaskMode::kIntervalAndBias>(acc_s, lse2, scale_log2, a.vis, c); });
+  }
+}
+
+// Epilogue: dK_j (× scale) and dV_j through sK / sV (K and V are no longer needed, and the K/V
+// copy has landed even when there was no step) to 16-byte stores of every key row < S_k.
+template <class Kt, class T>
+__device__ __forceinline__ void store_dk_dv(const Args<T>& a, const float (&acc_dk)[Kt::kMTKV][Kt::kNTKV][4],
+                                            const float (&acc_dv)[Kt::kMTKV][Kt::kNTKV][4], T* sK, T* sV, int b,
+                                            int kv_head, int n0, int kv_m, int kv_n, int lane, int tid) {
+  using TileKV = typename Kt::TileKV;
+  constexpr int kThreads = Kt::kThreads;
+  mma::cp_async_wait<0>();
+  __syncthreads();
+  store_acc<TileKV, T>(ptx::smem_u32(sK), acc_dk, kv_m, kv_n, lane, a.scale);
+  store_acc<TileKV, T>(ptx::smem_u32(sV), acc_dv, kv_m, kv_n, lane, 1.f);
+  __syncthreads();
+  const int n_rows = a.S_k - n0;
+  store_tile<TileKV, kThreads>(a.dk + b * a.dk_st.batch + kv_head * a.dk_st.head + n0 * a.dk_st.row, a.dk_st.row,
+                               sK, n_rows, tid);
+  store_tile<TileKV, kThreads>(a.dv + b * a.dv_st.batch + kv_head * a.dv_st.head + n0 * a.dv_st.row, a.dv_st.row,
+                               sV, n_rows, tid);
+}
+
+// Prefetch of step (r, mq): Q_i and dO_i of query head kv_head·group + r, Q block m_begin + mq,
+// into buffer buf; any = false (past the last step) only zero-fills, from the tile of step
+// (0, rot), an address that exists.
+template <class Kt, class T>
+__device__ __forceinline__ void load_q_do_tiles(const Args<T>& a, T* sQ, T* sdO, int b, int kv_head, int m_begin,
+                                                int rot, int r, int mq, int buf, bool any, int tid) {
+  using TileQ = typename Kt::TileQ;
+  constexpr int kBlockM = Kt::kBlockM, kThreads = Kt::kThreads;
+  if (!any) r = 0, mq = rot;
+  const int h = kv_head * a.group + r, m0 = (m_begin + mq) * kBlockM;
+  const int n_valid = any ? a.S_q - m0 : 0;
+  copy_tile_async<TileQ, kThreads>(sQ + buf * TileQ::kElems,
+                                   a.q + b * a.q_st.batch + h * a.q_st.head + m0 * a.q_st.row, a.q_st.row,
+                                   n_valid, tid);
+  copy_tile_async<TileQ, kThreads>(sdO + buf * TileQ::kElems,
+                                   a.dout + b * a.do_st.batch + h * a.do_st.head + m0 * a.do_st.row, a.do_st.row,
+                                   n_valid, tid);
+  mma::cp_async_commit();
+}
+
 template <class Kt, class T>
 __device__ __forceinline__ void dkdv_block(const Args<T>& a, char* smem, int tid, int n_block, int kv_head, int b) {
   using TileQ = typename Kt::TileQ;
@@ -130,11 +208,7 @@ __device__ __forceinline__ void dkdv_block(const Args<T>& a, char* smem, int tid
   const int key_end = seqlen < a.S_k ? seqlen : a.S_k;
   const int n_keys = key_end - n0 < kBlockN ? key_end - n0 : kBlockN;
 
-  copy_tile_async<TileKV, kThreads>(sK, a.k + b * a.k_st.batch + kv_head * a.k_st.head + n0 * a.k_st.row,
-                                    a.k_st.row, n_keys, tid);
-  copy_tile_async<TileKV, kThreads>(sV, a.v + b * a.v_st.batch + kv_head * a.v_st.head + n0 * a.v_st.row,
-                                    a.v_st.row, n_keys, tid);
-  mma::cp_async_commit();
+  load_kv<Kt>(a, sK, sV, b, kv_head, n0, n_keys, tid);  // load K_j, V_j -> shared memory (once)
 
   // Steps: (query head of the group) x (Q block that sees a key of this block). Blocks start at
   // a different Q block (rotated by n_block), so concurrent blocks of one head tend to add their
@@ -149,16 +223,7 @@ __device__ __forceinline__ void dkdv_block(const Args<T>& a, char* smem, int tid
   // the last step) only zero-fills, from a tile that exists as the clamped source address, so
   // the prefetch needs no branch.
   auto load_q_do = [&](int r, int mq, int buf, bool any) {
-    if (!any) r = 0, mq = rot;
-    const int h = kv_head * a.group + r, m0 = (mb.begin + mq) * kBlockM;
-    const int n_valid = any ? a.S_q - m0 : 0;
-    copy_tile_async<TileQ, kThreads>(sQ + buf * TileQ::kElems,
-                                     a.q + b * a.q_st.batch + h * a.q_st.head + m0 * a.q_st.row, a.q_st.row,
-                                     n_valid, tid);
-    copy_tile_async<TileQ, kThreads>(sdO + buf * TileQ::kElems,
-                                     a.dout + b * a.do_st.batch + h * a.do_st.head + m0 * a.do_st.row, a.do_st.row,
-                                     n_valid, tid);
-    mma::cp_async_commit();
+    load_q_do_tiles<Kt>(a, sQ, sdO, b, kv_head, mb.begin, rot, r, mq, buf, any, tid);
   };
 
   // Each lane's ldmatrix base address per operand role; a role's other tiles (dO beside Q, V
@@ -203,20 +268,8 @@ __device__ __forceinline__ void dkdv_block(const Args<T>& a, char* smem, int tid
     gemm_ss<kHeadDim, false, false, T>(acc_s, a_s.shifted(buf_off), b_s);  // S = Q_i K_jᵀ
     load_q_do(next_r, next_mq, buf ^ 1, it + 1 < steps);
 
-    // P, dP (dO_i Vᵀ), dS -> sP, sdS, with P = exp2(S' - lse') computed by probs_fn: one copy
-    // per masking mode, each a single basic block.
-    auto to_ds = [&](auto&& probs_fn) {
-      scores_to_ds<Kt>(a, acc_s, probs_fn, row0, c, ptx::smem_u32(sP), ptx::smem_u32(sdS),
-                       a_s.shifted(buf_off + kdOOffset), b_s.shifted(TileKV::kBytes), s_m, s_n, lane);
-    };
-    const float scale_log2 = a.scale_log2;
-    if (!masked) {
-      to_ds([&] { probs<MaskMode::kNone>(acc_s, lse2, scale_log2, a.vis, c); });
-    } else if (a.vis.mask.ptr == nullptr) {
-      to_ds([&] { probs<MaskMode::kInterval>(acc_s, lse2, scale_log2, a.vis, c); });
-    } else {
-      to_ds([&] { probs<MaskMode::kIntervalAndBias>(acc_s, lse2, scale_log2, a.vis, c); });
-    }
+    // P, dP (dO_i Vᵀ), dS -> sP, sdS.
+    probs_to_ds<Kt>(a, acc_s, lse2, masked, row0, c, sP, sdS, a_s, b_s, buf_off, s_m, s_n, lane);
     __syncthreads();  // P_ij and dS_ij complete in shared memory
 
     gemm_ss<kBlockM, true, true, T>(acc_dv, a_kv, b_kv.shifted(buf_off + kdOOffset));  // dV_j += P_ijᵀ dO_i
@@ -231,18 +284,8 @@ __device__ __forceinline__ void dkdv_block(const Args<T>& a, char* smem, int tid
     gemm_ss<kBlockM, true, true, T>(acc_dk, a_kv.shifted(TileP::kBytes), b_kv.shifted(buf_off));  // dK_j += dS_ijᵀ Q_i
   }
 
-  // Epilogue: dK_j (× scale) and dV_j through sK / sV (K and V are no longer needed, and the K/V
-  // copy has landed even when there was no step) to 16-byte stores of every key row < S_k.
-  mma::cp_async_wait<0>();
-  __syncthreads();
-  store_acc<TileKV, T>(ptx::smem_u32(sK), acc_dk, kv_m, kv_n, lane, a.scale);
-  store_acc<TileKV, T>(ptx::smem_u32(sV), acc_dv, kv_m, kv_n, lane, 1.f);
-  __syncthreads();
-  const int n_rows = a.S_k - n0;
-  store_tile<TileKV, kThreads>(a.dk + b * a.dk_st.batch + kv_head * a.dk_st.head + n0 * a.dk_st.row, a.dk_st.row,
-                               sK, n_rows, tid);
-  store_tile<TileKV, kThreads>(a.dv + b * a.dv_st.batch + kv_head * a.dv_st.head + n0 * a.dv_st.row, a.dv_st.row,
-                               sV, n_rows, tid);
+  // Epilogue: dK_j (× scale), dV_j -> 16-bit -> shared memory -> 16-byte stores.
+  store_dk_dv<Kt>(a, acc_dk, acc_dv, sK, sV, b, kv_head, n0, kv_m, kv_n, lane, tid);
 }
 
 }  // namespace mma_bwd

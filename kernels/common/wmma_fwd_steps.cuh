@@ -1,7 +1,8 @@
-// The per-key-block steps of the wmma forward kernel (kernels/wmma_fwd.cu): S = Q K^T into the
+// The steps of the wmma forward kernel (kernels/wmma_fwd.cu): per key block, S = Q K^T into the
 // warp's fp32 score tile, the online softmax that turns it into P (16-bit, over the same bytes),
-// the rescale of O, and O += P V. Tr is the kernel's Traits; kLdsm picks the fragment loader
-// (ldmatrix or load_matrix_sync, common/wmma_frag.cuh).
+// the rescale of O, and O += P V; around the loop, the key blocks of a Q block, the O and m_i, l_i
+// initialisation, and the epilogue (1/l and L, then O to global memory). Tr is the kernel's
+// Traits; kLdsm picks the fragment loader (ldmatrix or load_matrix_sync, common/wmma_frag.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -316,6 +317,115 @@ __device__ __forceinline__ bool softmax_block_general(float* sS, float* sRow, fl
     store_p_row<Tr, T>(sS, r, half, x);
   }
   return __any_sync(0xffffffffu, moved);
+}
+
+// Key blocks [begin, end) holding a key visible to some row of [i_first, i_last], and the full
+// blocks (every key visible to every row) inside them. visible_keys() is monotone in the row, so
+// the union is [begin(i_first), end(i_last)) and the intersection [begin(i_last), end(i_first)).
+struct KeyBlocks {
+  int begin = 0, end = 0, full_begin = 0, full_end = 0;
+};
+template <int kBlockN>
+__device__ __forceinline__ KeyBlocks key_blocks(const Visibility& vis, int64_t i_first, int64_t i_last,
+                                                int seqlen_k) {
+  KeyBlocks kb;
+  const IndexRange first = vis.keys(i_first, seqlen_k), last = vis.keys(i_last, seqlen_k);
+  const int64_t lo = first.begin > 0 ? first.begin : 0, hi = last.end < seqlen_k ? last.end : seqlen_k;
+  if (hi <= lo) return kb;
+  kb.begin = static_cast<int>(lo / kBlockN);
+  kb.end = static_cast<int>((hi + kBlockN - 1) / kBlockN);
+  const int64_t flo = last.begin, fhi = first.end;
+  if (fhi > flo) {
+    kb.full_begin = static_cast<int>((flo + kBlockN - 1) / kBlockN);
+    kb.full_end = static_cast<int>(fhi / kBlockN);
+    if (kb.full_end < kb.full_begin) kb.full_end = kb.full_begin;
+  }
+  return kb;
+}
+
+// Line 5: O_i = 0, l_i = 0, m_i = -inf (the warp's rows).
+template <class Tr>
+__device__ __forceinline__ void init_o_stats(AccFrag (&rO)[Tr::kMTiles][Tr::kDTiles], float (&m_i)[Tr::kMTiles],
+                                             float (&l_i)[Tr::kMTiles]) {
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+    for (int di = 0; di < Tr::kDTiles; ++di) wmma::fill_fragment(rO[mi][di], 0.f);
+#pragma unroll
+  for (int mi = 0; mi < Tr::kMTiles; ++mi) m_i[mi] = -INFINITY, l_i[mi] = 0.f;
+}
+
+// Line 9 for key block n_block: m_new = max(m_i, rowmax(S)), P = exp2(S - m_new) over the S tile,
+// l_i = alpha l_i + rowsum(P), alpha to sRow. The general path with an additive mask or a scale
+// <= 0; otherwise the fast one, with the element mask only where the block is not full
+// (kb: the blocks every row sees whole). True when a row maximum moved.
+template <class Tr, class A>
+__device__ __forceinline__ bool softmax_block(float* sS, float* sRow, float (&m_i)[Tr::kMTiles],
+                                              float (&l_i)[Tr::kMTiles], const A& a, int b, int h, int64_t row0,
+                                              int n_block, const KeyBlocks& kb, bool general_softmax, int seqlen_k,
+                                              int lane) {
+  using T = typename A::Elem;
+  const int n0 = n_block * Tr::kBlockN;
+  if (general_softmax) return softmax_block_general<Tr>(sS, sRow, m_i, l_i, a, b, h, row0, n0, seqlen_k, lane);
+  const bool boundary = n_block < kb.full_begin || n_block >= kb.full_end;
+  return boundary ? softmax_block_fast<Tr, /*kBoundary=*/true, T>(sS, sRow, m_i, l_i, a.scale_log2, a.vis, row0, n0,
+                                                                 seqlen_k, lane)
+                  : softmax_block_fast<Tr, /*kBoundary=*/false, T>(sS, sRow, m_i, l_i, a.scale_log2, a.vis, row0,
+                                                                  n0, seqlen_k, lane);
+}
+
+// Lines 12-13: 1/l_i of the warp's rows to sRow (for store_o) and L_i = (m_i + log2 l_i) ln 2
+// to global memory. The lane pair of a row sums its partial l first.
+template <class Tr, class A>
+__device__ __forceinline__ void finalize_rows(const A& a, float* sRow, const float (&m_i)[Tr::kMTiles],
+                                              const float (&l_i)[Tr::kMTiles], int b, int h, int m0, int m_rows,
+                                              int warp, int lane) {
+  __syncwarp();  // every lane is done reading alpha before 1/l replaces it
+  float* gLse = a.lse + (static_cast<int64_t>(b) * a.H + h) * a.S_q;
+  const int half = lane & 1;
+#pragma unroll
+  for (int pass = 0; pass < Tr::kMTiles; ++pass) {
+    const int r = pass * 16 + (lane >> 1);
+    const float l = l_i[pass] + __shfl_xor_sync(0xffffffffu, l_i[pass], 1);
+    const int row = warp * Tr::kWarpRows + r;  // within the block
+    if (half == 0) {
+      sRow[r] = l > 0.f ? 1.f / l : 0.f;
+      if (row < m_rows) gLse[m0 + row] = l > 0.f ? (m_i[pass] + log2f(l)) * kLn2 : -INFINITY;
+    }
+  }
+}
+
+// Line 14: O_i (times 1/l_i from sRow) to global memory.
+template <class Tr, class A>
+__device__ __forceinline__ void store_o(const A& a, const AccFrag (&rO)[Tr::kMTiles][Tr::kDTiles], float* sS,
+                                        const float* sRow, int b, int h, int m0, int m_rows, int warp, int lane) {
+  using T = typename A::Elem;
+  // Stage O through the warp's S tile, kWarpRows rows x kOChunk columns at a time, so each lane
+  // writes whole 16-byte pieces of a row and a warp writes whole rows.
+  T* gO = a.o + b * a.o_st.batch + h * a.o_st.head + static_cast<int64_t>(m0) * a.o_st.row;
+  constexpr int kVecPerRow = Tr::kOChunk / 8;
+#pragma unroll
+  for (int d0 = 0; d0 < Tr::kHeadDim; d0 += Tr::kOChunk) {
+    __syncwarp();  // 1/l written; the previous chunk (or P·V's reads of P) done with the tile
+#pragma unroll
+    for (int mi = 0; mi < Tr::kMTiles; ++mi)
+#pragma unroll
+      for (int dj = 0; dj < Tr::kOChunk / 16; ++dj)
+        wmma::store_matrix_sync(sS + mi * 16 * Tr::kPitchS + dj * 16, rO[mi][d0 / 16 + dj], Tr::kPitchS,
+                                wmma::mem_row_major);
+    __syncwarp();
+#pragma unroll
+    for (int v = lane; v < Tr::kWarpRows * kVecPerRow; v += 32) {
+      const int r = v / kVecPerRow, c = (v % kVecPerRow) * 8;
+      const int row = warp * Tr::kWarpRows + r;
+      const float inv_l = sRow[r];
+      const float4 lo4 = *reinterpret_cast<const float4*>(sS + r * Tr::kPitchS + c);
+      const float4 hi4 = *reinterpret_cast<const float4*>(sS + r * Tr::kPitchS + c + 4);
+      const float o[8] = {lo4.x * inv_l, lo4.y * inv_l, lo4.z * inv_l, lo4.w * inv_l,
+                          hi4.x * inv_l, hi4.y * inv_l, hi4.z * inv_l, hi4.w * inv_l};
+      if (row < m_rows) wmma_tile::store8<T>(gO + row * a.o_st.row + d0 + c, o);
+    }
+  }
 }
 
 }  // namespace wmma_fwd
