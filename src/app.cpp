@@ -109,17 +109,17 @@ void check_conversion_finite(const Dataset& ds, const std::string& name, const H
 }  // namespace
 
 TimingOptions timing_options(const AppOptions& opt) {
-  if (opt.warmup < 0) throw InputError("--warmup: must be >= 0");
-  if (opt.repeat < 1) throw InputError("--repeat: must be >= 1");
-  if (!(opt.max_noise_pct >= 0 && opt.max_noise_pct < 100)) throw InputError("--max-noise: must be a percentage in [0, 100)");
-  if (!(opt.max_time_s > 0)) throw InputError("--max-time: must be a positive number of seconds");
+  if (opt.timing.warmup < 0) throw InputError("--warmup: must be >= 0");
+  if (opt.timing.repeat < 1) throw InputError("--repeat: must be >= 1");
+  if (!(opt.timing.max_noise_pct >= 0 && opt.timing.max_noise_pct < 100)) throw InputError("--max-noise: must be a percentage in [0, 100)");
+  if (!(opt.timing.max_time_s > 0)) throw InputError("--max-time: must be a positive number of seconds");
   TimingOptions t;
-  t.warmup = opt.warmup;
-  t.repeat = opt.repeat;
-  t.min_time_ms = opt.min_time_ms;
-  t.flush_l2 = !opt.no_flush;
-  t.max_noise = opt.max_noise_pct / 100.0;
-  t.max_time_s = opt.max_time_s;
+  t.warmup = opt.timing.warmup;
+  t.repeat = opt.timing.repeat;
+  t.min_time_ms = opt.timing.min_time_ms;
+  t.flush_l2 = !opt.timing.no_flush;
+  t.max_noise = opt.timing.max_noise_pct / 100.0;
+  t.max_time_s = opt.timing.max_time_s;
   return t;
 }
 
@@ -430,8 +430,8 @@ int run_forward_backward(const AppOptions& opt) {
   SessionOptions so;
   so.device = dev.device;
   so.timing = timing_options(opt);
-  so.cpu_timing.warmup = std::min(opt.warmup, 1);
-  so.cpu_timing.repeat = std::min(opt.repeat, 3);
+  so.cpu_timing.warmup = std::min(opt.timing.warmup, 1);
+  so.cpu_timing.repeat = std::min(opt.timing.repeat, 3);
   so.check = opt.check;
   so.deterministic = opt.deterministic;
   so.cpu_threads = opt.threads;
@@ -495,10 +495,10 @@ int run_app(const AppOptions& opt) {
     check_utf8_path(path, what);
   if (opt.mode == RunMode::Decode) return run_decode(opt);
   // Decode's own options mean nothing to forward/backward runs and sweeps: refused, not ignored.
-  const std::pair<bool, const char*> decode_only[] = {{opt.splits != 0, "--splits"},
-                                                      {opt.steps != 0, "--steps"},
-                                                      {opt.prompt_len != 0, "--prompt-len"},
-                                                      {opt.write_cache, "--write-cache"}};
+  const std::pair<bool, const char*> decode_only[] = {{opt.decode.splits != 0, "--splits"},
+                                                      {opt.decode.steps != 0, "--steps"},
+                                                      {opt.decode.prompt_len != 0, "--prompt-len"},
+                                                      {opt.decode.write_cache, "--write-cache"}};
   for (const auto& [given, name] : decode_only)
     if (given) throw InputError(std::string(name) + ": only with --mode decode");
   if (!opt.sweep.empty()) return run_sweep(opt);

@@ -47,13 +47,13 @@ void check_options(const AppOptions& opt) {
   if (opt.window)
     throw InputError("--window: not available in decode mode (a step is causal within each batch element's length)");
   if (opt.layout && *opt.layout != Layout::BHSD) throw InputError("--layout: decode directories are bhsd");
-  if (opt.splits < 0) throw InputError("--splits: must be >= 0 (0: the kernel chooses)");
-  if (opt.splits > 65535) throw InputError("--splits: at most 65535");
-  if (opt.steps < 0) throw InputError("--steps: must be >= 0");
-  if (opt.prompt_len < 0) throw InputError("--prompt-len: must be >= 0");
-  if (opt.prompt_len > 0 && opt.steps == 0) throw InputError("--prompt-len: only with --steps");
-  if (opt.steps > 0 && opt.write_cache) throw InputError("--write-cache: not with --steps (the simulation writes no outputs)");
-  if (opt.write_cache && opt.no_write) throw InputError("--write-cache: conflicts with --no-write");
+  if (opt.decode.splits < 0) throw InputError("--splits: must be >= 0 (0: the kernel chooses)");
+  if (opt.decode.splits > 65535) throw InputError("--splits: at most 65535");
+  if (opt.decode.steps < 0) throw InputError("--steps: must be >= 0");
+  if (opt.decode.prompt_len < 0) throw InputError("--prompt-len: must be >= 0");
+  if (opt.decode.prompt_len > 0 && opt.decode.steps == 0) throw InputError("--prompt-len: only with --steps");
+  if (opt.decode.steps > 0 && opt.decode.write_cache) throw InputError("--write-cache: not with --steps (the simulation writes no outputs)");
+  if (opt.decode.write_cache && opt.no_write) throw InputError("--write-cache: conflicts with --no-write");
   if (!opt.json.empty() && opt.json != "-") check_output_file(opt.json, "--json");
 }
 
@@ -157,7 +157,7 @@ DecodeInputs make_decode_inputs(const AppOptions& opt, DecodeDataset& ds, std::v
   in.cache_seqlens = ds.cache_seqlens;
   in.block_table = ds.block_table;
   ds.q = ds.k_new = ds.v_new = ds.k_cache = ds.v_cache = HostArray();  // only the converted copies are used
-  if (opt.steps > 0) return in;
+  if (opt.decode.steps > 0) return in;
   // Cache rows past cache_seqlens are never read, so only the new tokens are scanned.
   const std::pair<const char*, const HostArray*> scanned[] = {{"q", &in.q}, {"k_new", &in.k_new}, {"v_new", &in.v_new}};
   for (const auto& a : scanned) {
@@ -179,7 +179,7 @@ std::string decode_title(const AppOptions& opt, const DecodeInputs& in, const De
                                   *std::min_element(L.begin(), L.end()), *std::max_element(L.begin(), L.end()),
                                   dtype_name(in.dtype));
   if (in.dims.paged()) title += fmt::format(" paged({}x{})", in.dims.num_blocks, in.dims.page_size);
-  if (opt.steps > 0) title += fmt::format(" --steps {}", opt.steps);
+  if (opt.decode.steps > 0) title += fmt::format(" --steps {}", opt.decode.steps);
   title += dev ? fmt::format("  on {} (sm_{})", dev->name, dev->sm()) : "  (no GPU)";
   return title + "\n";
 }
@@ -209,7 +209,7 @@ class DecodeWorkload : public Workload {
                  DecodeOutcome* out)
       : opt_(opt), in_(in), so_(so), ref_(ref), out_(out) {}
 
-  RunRecord run(const KernelMode& e) override { return opt_.steps > 0 ? simulate(e) : step(e); }
+  RunRecord run(const KernelMode& e) override { return opt_.decode.steps > 0 ? simulate(e) : step(e); }
 
   // Keeps extras and decoded aligned with the records: a run that did not happen adds none.
   void recorded(const RunRecord&) override {
@@ -238,9 +238,9 @@ class DecodeWorkload : public Workload {
     if (!session_) {
       DecodeOptions dopt;
       dopt.device = so_.device, dopt.timing = so_.timing, dopt.check = opt_.check, dopt.cpu_threads = opt_.threads;
-      dopt.cpu_timing.warmup = std::min(opt_.warmup, 1);
-      dopt.cpu_timing.repeat = std::min(opt_.repeat, 3);
-      dopt.seed = opt_.seed, dopt.splits = opt_.splits, dopt.keep_caches = opt_.write_cache && !opt_.no_write;
+      dopt.cpu_timing.warmup = std::min(opt_.timing.warmup, 1);
+      dopt.cpu_timing.repeat = std::min(opt_.timing.repeat, 3);
+      dopt.seed = opt_.seed, dopt.splits = opt_.decode.splits, dopt.keep_caches = opt_.decode.write_cache && !opt_.no_write;
       session_ = std::make_unique<DecodeSession>(std::move(in_), dopt);  // the caches can be GBs: no copy
     }
     DecodeRecord dr = session_->run(e);
@@ -248,13 +248,13 @@ class DecodeWorkload : public Workload {
     const double attend_gbps = dr.attend.median_ms > 0 ? dr.kv_bytes / (dr.attend.median_ms * 1e-3) / 1e9 : 0;
     std::string line =
         fmt::format("  decode {}: splits {}{}, K+V {:.1f} MB; step (update + attention) {:.4f} ms {:.0f} GB/s{}",
-                    e.kernel, dr.splits, opt_.splits > 0 ? " (forced)" : "", dr.kv_bytes / 1e6,
+                    e.kernel, dr.splits, opt_.decode.splits > 0 ? " (forced)" : "", dr.kv_bytes / 1e6,
                     dr.run.timing.median_ms, step_gbps, fraction_str(step_gbps, ref_.gbps, ref_.kind));
     if (dr.attend.median_ms > 0)
       line += fmt::format("; attention alone {:.4f} ms {:.0f} GB/s{}", dr.attend.median_ms, attend_gbps,
                           fraction_str(attend_gbps, ref_.gbps, ref_.kind));
     out_->lines.push_back(line);
-    out_->extras.push_back(decode_json(dr, session_->inputs(), opt_.splits, ref_.gbps, ref_.kind));
+    out_->extras.push_back(decode_json(dr, session_->inputs(), opt_.decode.splits, ref_.gbps, ref_.kind));
     RunRecord r = dr.run;
     out_->decoded.push_back(std::move(dr));
     return r;
@@ -288,7 +288,7 @@ void decode_report(const AppOptions& opt, const ReportHeader& hdr, const DecodeO
   if (!opt.quiet || opt.json != "-") {
     con.print(render_table(run.records, baseline, opt.check));
     for (const std::string& l : run.lines) con.print(l + "\n");
-    if (opt.steps == 0) con.print("  (GB/s: K+V bytes read, sum_b L_b * H_kv * D * 2 * itemsize, over the median time)\n");
+    if (opt.decode.steps == 0) con.print("  (GB/s: K+V bytes read, sum_b L_b * H_kv * D * 2 * itemsize, over the median time)\n");
     for (const RunRecord& r : run.records)
       if (r.check.performed && (!opt.quiet || !r.check.passed)) con.print(render_check(r));
   }
@@ -318,7 +318,7 @@ int run_decode(const AppOptions& opt) {
     if (opt.out.empty()) return (fs::path(opt.data) / "out" / k).string();
     return plan.size() == 1 ? opt.out : (fs::path(opt.out) / k).string();
   };
-  if (!opt.no_write && opt.steps == 0) {
+  if (!opt.no_write && opt.decode.steps == 0) {
     for (const KernelMode* e : plan) {
       const std::string dir = out_dir_for(e->kernel);
       std::error_code ec1, ec2;
@@ -333,13 +333,13 @@ int run_decode(const AppOptions& opt) {
   const DeviceChoice dc = pick_device(opt.device, /*wants_gpu=*/true);
   const int device = dc.device;
   DecodeSimOptions so;
-  so.device = device, so.timing = timing_options(opt), so.steps = opt.steps, so.prompt_len = opt.prompt_len;
-  so.seed = opt.seed, so.splits = opt.splits, so.check = opt.check, so.cpu_threads = opt.threads;
+  so.device = device, so.timing = timing_options(opt), so.steps = opt.decode.steps, so.prompt_len = opt.decode.prompt_len;
+  so.seed = opt.seed, so.splits = opt.decode.splits, so.check = opt.check, so.cpu_threads = opt.threads;
   std::vector<Planned> planned(plan.size());
   for (size_t k = 0; k < plan.size(); ++k) {
     const KernelMode& e = *plan[k];
     const int sm = device >= 0 ? dc.sm : std::max(e.min_sm, 1);
-    std::string why = opt.steps > 0 ? decode_sim_unsupported(e, in, so, sm) : decode_why_unsupported(e, in.dims, dtype, sm);
+    std::string why = opt.decode.steps > 0 ? decode_sim_unsupported(e, in, so, sm) : decode_why_unsupported(e, in.dims, dtype, sm);
     if (why.empty() && device < 0 && e.gpu) why = "kernel '" + e.kernel + "' needs a GPU: " + dc.no_device;
     if (!why.empty() && !all) throw InputError(why);
     planned[k] = Planned{&e, why};
@@ -380,7 +380,7 @@ int run_decode(const AppOptions& opt) {
   DecodeWorkload work(opt, in, so, ref, &run);
   static_cast<Outcome&>(run) = run_planned(planned, all, work);
   if (hdr.device) hdr.sm_clock_end_mhz = nvml_sm_clock_mhz(*hdr.device);
-  if (!opt.no_write && opt.steps == 0) {
+  if (!opt.no_write && opt.decode.steps == 0) {
     for (size_t k = 0; k < run.records.size(); ++k) {
       if (!run.records[k].ok()) continue;
       const std::string dir = out_dir_for(run.records[k].kernel);

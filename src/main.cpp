@@ -79,19 +79,19 @@ int main(int argc, char** argv) {
   app.add_option("--scale", opt.scale, "Softmax scale (default 1/sqrt(D))");
   app.add_option("--dtype", words.dtype, "Compute dtype fp32 | fp16 | bf16 (| fp64 for cpu), a list of them (fp32,bf16: each kernel in each listed dtype it takes) or auto (each kernel its own: the input's if it takes it, else bf16, fp16, fp32); default: the input's");
   app.add_option("--layout", words.layout, "Layout of the files: bhsd | bshd (default: meta.json's, else bhsd)");
-  app.add_option("--warmup", opt.warmup, "Untimed repetitions before timing")
+  app.add_option("--warmup", opt.timing.warmup, "Untimed repetitions before timing")
       ->capture_default_str()
       ->check(int_range(0, 1000000));
-  app.add_option("--repeat,--min-samples", opt.repeat, "Timed repetitions (at least)")
+  app.add_option("--repeat,--min-samples", opt.timing.repeat, "Timed repetitions (at least)")
       ->capture_default_str()
       ->check(int_range(1, 10000000));
-  app.add_option("--min-time", opt.min_time_ms, "Keep repeating until this many ms were timed")->capture_default_str();
-  app.add_option("--max-noise", opt.max_noise_pct,
+  app.add_option("--min-time", opt.timing.min_time_ms, "Keep repeating until this many ms were timed")->capture_default_str();
+  app.add_option("--max-noise", opt.timing.max_noise_pct,
                  "Then repeat until the relative stddev is at most PCT percent (0: no noise rule)")
       ->capture_default_str();
-  app.add_option("--max-time", opt.max_time_s, "...or until SEC seconds were spent in the timed loop")
+  app.add_option("--max-time", opt.timing.max_time_s, "...or until SEC seconds were spent in the timed loop")
       ->capture_default_str();
-  app.add_flag("--no-flush,--hot", opt.no_flush, "Do not flush the L2 cache between repetitions (hot timing)");
+  app.add_flag("--no-flush,--hot", opt.timing.no_flush, "Do not flush the L2 cache between repetitions (hot timing)");
   app.add_option("--sweep", opt.sweep, "Run a grid of generated problems: fa-grid, or a preset FILE.json");
   app.add_flag("--dry-run", opt.dry_run, "With --sweep: print the grid's points (preset-file JSON) and exit");
   app.add_flag("--ceilings", opt.ceilings, "Measure bf16/fp32 cuBLAS GEMM TFLOP/s and copy GB/s (in the JSON)");
@@ -110,12 +110,12 @@ int main(int argc, char** argv) {
                "Run even when Q, K, V or dO hold NaN or Inf (by default an input error, exit 2)");
   app.add_option("--baseline", opt.baseline, "Kernel the speedup column is relative to (default cublas, else the first GPU kernel)");
   app.add_flag("--quiet,-q", opt.quiet, "Print only the table and errors");
-  app.add_option("--splits", opt.splits, "Decode: split-K pieces per (batch, kv head) (0: the kernel chooses)")
+  app.add_option("--splits", opt.decode.splits, "Decode: split-K pieces per (batch, kv head) (0: the kernel chooses)")
       ->capture_default_str();
-  app.add_flag("--write-cache", opt.write_cache, "Decode: also write the updated K_cache and V_cache");
-  app.add_option("--steps", opt.steps, "Decode: prefill, then N decode steps; reports TTFT and TBT (mean, p50, p99)")
+  app.add_flag("--write-cache", opt.decode.write_cache, "Decode: also write the updated K_cache and V_cache");
+  app.add_option("--steps", opt.decode.steps, "Decode: prefill, then N decode steps; reports TTFT and TBT (mean, p50, p99)")
       ->capture_default_str();
-  app.add_option("--prompt-len", opt.prompt_len, "Decode with --steps: prompt tokens per batch element (0: cache_seqlens)")
+  app.add_option("--prompt-len", opt.decode.prompt_len, "Decode with --steps: prompt tokens per batch element (0: cache_seqlens)")
       ->capture_default_str();
 
   try {

@@ -94,13 +94,13 @@ void type_options(const OptionWords& words, AppOptions* opt) {
   opt->dtype = parse_dtype_choice(words.dtype);
   if (!words.layout.empty()) opt->layout = parse_layout_option(words.layout);
 
-  if (opt->warmup < 0) throw InputError("--warmup: must be >= 0");
-  if (opt->repeat < 1) throw InputError("--repeat: must be >= 1");
+  if (opt->timing.warmup < 0) throw InputError("--warmup: must be >= 0");
+  if (opt->timing.repeat < 1) throw InputError("--repeat: must be >= 1");
   if (opt->threads < 0) throw InputError("--threads: must be >= 0");
   if (opt->device < 0) throw InputError("--device: must be >= 0");
   if (opt->scale && !(std::isfinite(*opt->scale) && *opt->scale > 0))
     throw InputError("--scale: must be a positive finite number");
-  if (!(opt->min_time_ms >= 0)) throw InputError("--min-time: must be >= 0");
+  if (!(opt->timing.min_time_ms >= 0)) throw InputError("--min-time: must be >= 0");
   if (opt->no_write && !opt->out.empty()) throw InputError("--out: conflicts with --no-write (which writes no outputs)");
 }
 

@@ -33,6 +33,24 @@ struct DtypeChoice {
   std::string text() const;                                           // as typed ("" for Input)
 };
 
+// How each run is timed (timing.h's TimingOptions is built from it, with checks).
+struct TimingChoice {
+  int warmup = 3;
+  int repeat = 20;  // --repeat / --min-samples
+  double min_time_ms = 0;
+  bool no_flush = false;       // --no-flush / --hot
+  double max_noise_pct = 0.5;  // --max-noise: percent; 0 turns the noise rule off
+  double max_time_s = 1.0;     // --max-time: wall seconds the noise rule may spend per run
+};
+
+// The decode workload's own options (decode_app.h), refused by the others.
+struct DecodeChoice {
+  int splits = 0;            // --splits N: split-K pieces per (batch, kv head); 0: the kernel's choice
+  bool write_cache = false;  // --write-cache: also write the updated K_cache, V_cache
+  int steps = 0;             // --steps N: prefill + N decode steps (TTFT/TBT simulation)
+  int prompt_len = 0;        // --prompt-len N: prompt of the simulation (0: cache_seqlens)
+};
+
 struct AppOptions {
   std::vector<std::string> compute;  // kernel names, or {"all"}
   // Unset only for a sweep without --mode (each point's modes come from the preset).
@@ -44,12 +62,7 @@ struct AppOptions {
   std::optional<double> scale;
   DtypeChoice dtype;
   std::optional<Layout> layout;  // unset: meta.json's, else bhsd
-  int warmup = 3;
-  int repeat = 20;  // --repeat / --min-samples
-  double min_time_ms = 0;
-  bool no_flush = false;       // --no-flush / --hot
-  double max_noise_pct = 0.5;  // --max-noise: percent; 0 turns the noise rule off
-  double max_time_s = 1.0;     // --max-time: wall seconds the noise rule may spend per run
+  TimingChoice timing;
   std::string sweep;           // --sweep fa-grid | FILE.json (see sweep.h)
   bool dry_run = false;        // --dry-run: print the sweep's points and exit
   bool ceilings = false;       // --ceilings: measure GEMM and copy ceilings (ceilings.h)
@@ -61,11 +74,7 @@ struct AppOptions {
   int threads = 0;
   bool deterministic = false;
   bool allow_nonfinite = false;  // run even when an input holds NaN or Inf (else exit 2)
-  // Decode mode (decode_app.h).
-  int splits = 0;           // --splits N: split-K pieces per (batch, kv head); 0: the kernel's choice
-  bool write_cache = false; // --write-cache: also write the updated K_cache, V_cache
-  int steps = 0;            // --steps N: prefill + N decode steps (TTFT/TBT simulation)
-  int prompt_len = 0;       // --prompt-len N: prompt of the simulation (0: cache_seqlens)
+  DecodeChoice decode;
   std::string baseline;     // kernel the speedup column is relative to
   bool quiet = false;
   std::string command_line;

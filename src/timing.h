@@ -23,7 +23,7 @@ struct TimingOptions {
   // Noise rule: after `repeat` samples (and `min_time_ms`), continue until rel. stddev <=
   // max_noise, or until max_time_s of wall time has passed in the timed loop. <= 0: no rule, so
   // library users (the GPU tests) get exactly `repeat` samples; the command line's default is
-  // 0.5% (AppOptions::max_noise_pct).
+  // 0.5% (TimingChoice::max_noise_pct).
   double max_noise = 0;
   double max_time_s = 1.0;
 };
