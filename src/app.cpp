@@ -105,15 +105,10 @@ void check_conversion_finite(const Dataset& ds, const std::string& name, const H
   notes->push_back(what + "; running anyway (--allow-nonfinite)");
 }
 
-// One planned run.
 }  // namespace
 
 TimingOptions timing_options(const AppOptions& opt) {
-  if (opt.timing.warmup < 0) throw InputError("--warmup: must be >= 0");
-  if (opt.timing.repeat < 1) throw InputError("--repeat: must be >= 1");
-  if (!(opt.timing.max_noise_pct >= 0 && opt.timing.max_noise_pct < 100)) throw InputError("--max-noise: must be a percentage in [0, 100)");
-  if (!(opt.timing.max_time_s > 0)) throw InputError("--max-time: must be a positive number of seconds");
-  TimingOptions t;
+  TimingOptions t;  // the values were checked by type_options()
   t.warmup = opt.timing.warmup;
   t.repeat = opt.timing.repeat;
   t.min_time_ms = opt.timing.min_time_ms;

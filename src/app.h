@@ -17,8 +17,8 @@ namespace flashattn {
 // input errors are thrown as InputError (exit 2).
 int run_app(const AppOptions& opt);
 
-// The timing options of the command line (shared by runs, sweeps and --ceilings); InputError on
-// out-of-range values.
+// The timing options of the command line (shared by runs, sweeps and --ceilings), as
+// type_options() checked them.
 TimingOptions timing_options(const AppOptions& opt);
 
 // `--list`: the support matrix derived from the registry (as text, or JSON when `json`).

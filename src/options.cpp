@@ -101,6 +101,9 @@ void type_options(const OptionWords& words, AppOptions* opt) {
   if (opt->scale && !(std::isfinite(*opt->scale) && *opt->scale > 0))
     throw InputError("--scale: must be a positive finite number");
   if (!(opt->timing.min_time_ms >= 0)) throw InputError("--min-time: must be >= 0");
+  if (!(opt->timing.max_noise_pct >= 0 && opt->timing.max_noise_pct < 100))
+    throw InputError("--max-noise: must be a percentage in [0, 100)");
+  if (!(opt->timing.max_time_s > 0)) throw InputError("--max-time: must be a positive number of seconds");
   if (opt->no_write && !opt->out.empty()) throw InputError("--out: conflicts with --no-write (which writes no outputs)");
 }
 
