@@ -63,7 +63,7 @@ if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
     [ -f "$data/$name/Q.npy" ] || "$build/flashattn-gen" --out "$data/$name" $gargs --seed 1 --with-dO >/dev/null
     dtype=$(sed -E 's/.*--dtype ([a-z0-9]+).*/\1/' <<<"$gargs")
     # Per mode, the GPU kernels that have that mode and take this case's dtype (naming one that
-    # does not is an error; hopper, for one, has no backward yet).
+    # does not is an error).
     for mode in forward backward; do
       kernels=${GPU_CHECK_KERNELS:-$("$PY" - "$build" "$dtype" "$mode" <<'PYEOF'
 import json, subprocess, sys

@@ -19,6 +19,7 @@ namespace flashattn {
 struct BlockRange {
   int begin = 0;
   int end = 0;
+  FLASHATTN_HD int size() const { return end > begin ? end - begin : 0; }
 };
 
 // The keys query i sees, as [i + lo, i + hi) within [0, seqlen_k): the window (causal folded
@@ -61,6 +62,30 @@ FLASHATTN_HD inline BlockRange full_key_blocks(const Visibility& vis, int64_t i_
   const int64_t begin = (lo + kBlockN - 1) / kBlockN, end = hi / kBlockN;
   if (end <= begin) return BlockRange{0, 0};
   return BlockRange{static_cast<int>(begin), static_cast<int>(end)};
+}
+
+// The other direction, for kernels that walk the query blocks of one key block (backward).
+// Q blocks (of block_m rows) holding a query that sees one of the keys [n0, n0 + n_keys), all
+// below seqlen. The queries seeing key j form an interval whose ends grow with j, and consecutive
+// keys' intervals overlap or touch, so the union is [first key's begin, last key's end).
+FLASHATTN_HD inline BlockRange query_blocks(const Visibility& vis, int n0, int n_keys, int seqlen, int block_m) {
+  if (n_keys <= 0) return {};
+  const int64_t lo = vis.queries(n0, seqlen).begin;
+  int64_t hi = vis.queries(n0 + n_keys - 1, seqlen).end;
+  if (hi > vis.S_q) hi = vis.S_q;
+  if (hi <= lo) return {};
+  return {static_cast<int>(lo / block_m), static_cast<int>((hi + block_m - 1) / block_m)};
+}
+
+// Query rows [lo, hi) such that a block of rows [m0, m0 + n_rows) sees every key of
+// [n0, n0 + n_keys) exactly when lo <= m0 and m0 + n_rows <= hi: the same answer as
+// block_fully_visible, computed once per key block. The last key's queries start at lo and the
+// first key's end at hi (both ends grow with the key); no full block when the last key is past
+// seqlen.
+FLASHATTN_HD inline IndexRange full_query_rows(const Visibility& vis, int n0, int n_keys, int seqlen) {
+  const IndexRange last = vis.queries(n0 + n_keys - 1, seqlen);
+  if (last.empty()) return IndexRange{INT32_MAX, 0};
+  return IndexRange{last.begin, vis.queries(n0, seqlen).end};
 }
 
 }  // namespace flashattn

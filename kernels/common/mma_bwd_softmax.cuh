@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/key_blocks.cuh"
 #include "common/mask.cuh"
 #include "common/math_constants.h"
 #include "common/mma_sm80.cuh"
@@ -43,26 +44,6 @@ __device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t u) {
   return __bfloat1622float2(h);
 }
 
-// Half-open range of block indices.
-struct BlockRange {
-  int begin = 0;
-  int end = 0;
-  __host__ __device__ int size() const { return end > begin ? end - begin : 0; }
-};
-
-// Q blocks (of block_m rows) holding a query that sees one of the keys [n0, n0 + n_keys), all
-// below seqlen. The queries seeing key j form an interval whose ends grow with j, and consecutive
-// keys' intervals overlap or touch, so the union is [first key's begin, last key's end).
-__host__ __device__ inline BlockRange query_blocks(const Visibility& vis, int n0, int n_keys, int seqlen,
-                                                   int block_m) {
-  if (n_keys <= 0) return {};
-  const int64_t lo = vis.queries(n0, seqlen).begin;
-  int64_t hi = vis.queries(n0 + n_keys - 1, seqlen).end;
-  if (hi > vis.S_q) hi = vis.S_q;
-  if (hi <= lo) return {};
-  return {static_cast<int>(lo / block_m), static_cast<int>((hi + block_m - 1) / block_m)};
-}
-
 // K blocks (of block_n keys) holding a key visible to one of the queries [m0, m0 + n_rows).
 __host__ __device__ inline BlockRange key_blocks(const Visibility& vis, int m0, int n_rows, int seqlen,
                                                  int block_n) {
@@ -80,17 +61,6 @@ __host__ __device__ inline BlockRange key_blocks(const Visibility& vis, int m0, 
 __host__ __device__ inline bool block_fully_visible(const Visibility& vis, int m0, int n_rows, int n0, int n_keys,
                                                     int seqlen) {
   return vis.visible(m0 + n_rows - 1, n0, seqlen) && vis.visible(m0, n0 + n_keys - 1, seqlen);
-}
-
-// Query rows [lo, hi) such that a block of rows [m0, m0 + n_rows) sees every key of
-// [n0, n0 + n_keys) exactly when lo <= m0 and m0 + n_rows <= hi: the same answer as
-// block_fully_visible, computed once per key block. The last key's queries start at lo and the
-// first key's end at hi (both ends grow with the key); no full block when the last key is past
-// seqlen.
-__host__ __device__ inline IndexRange full_query_rows(const Visibility& vis, int n0, int n_keys, int seqlen) {
-  const IndexRange last = vis.queries(n0 + n_keys - 1, seqlen);
-  if (last.empty()) return IndexRange{INT32_MAX, 0};
-  return IndexRange{last.begin, vis.queries(n0, seqlen).end};
 }
 
 // Where a warp's accumulators sit in the problem: lane (g, t) holds rows i0 + 16 mt + 8 half and

@@ -200,30 +200,42 @@ TEST_P(KernelMatrix, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Registry, KernelMatrix, testing::ValuesIn(all_cases()), case_name);
 
 // Kernels that declare themselves bitwise reproducible (or that have a deterministic path, taken
-// here) give bitwise-identical outputs run after run.
+// here) give bitwise-identical outputs run after run, and the deterministic path passes the same
+// check against the reference as the default one (GQA with causal, key padding, a window).
 class Determinism : public testing::TestWithParam<const KernelMode*> {};
 
-TEST_P(Determinism, RepeatedRunsAreBitwiseIdentical) {
+TEST_P(Determinism, RepeatedRunsAreBitwiseIdenticalAndCorrect) {
   const KernelMode* e = GetParam();
   DType t = (e->dtypes & dtype_bit(DType::BF16)) ? DType::BF16 : DType::F32;
   int D = e->head_dims.empty() ? 64 : e->head_dims.front();
   for (int d : e->head_dims)
     if (d == 64) D = 64;
-  Case c{e, t, D, {2, 4, 2, 200, 333, true, -1, -1, false, false, false, "det"}};
-  RunInputs in = make_inputs(c, 99);
-  if (!why_unsupported(*e, in.problem, query_device(g_device).sm()).empty()) GTEST_SKIP();
-  SessionOptions so;
-  so.device = g_device;
-  so.timing.warmup = 0;
-  so.timing.repeat = 1;
-  so.deterministic = true;
-  Session session(std::move(in), so);
-  RunRecord a = session.run(*e), b = session.run(*e);
-  auto same = [](const std::optional<HostArray>& x, const std::optional<HostArray>& y) {
-    return x.has_value() == y.has_value() && (!x || x->bytes == y->bytes);
-  };
-  EXPECT_TRUE(same(a.outputs.o, b.outputs.o) && same(a.outputs.lse, b.outputs.lse));
-  EXPECT_TRUE(same(a.outputs.dq, b.outputs.dq) && same(a.outputs.dk, b.outputs.dk) && same(a.outputs.dv, b.outputs.dv));
+  const Shape shapes[] = {{2, 4, 2, 200, 333, true, -1, -1, false, false, false, "det"},
+                          {3, 2, 2, 96, 160, false, -1, -1, true, false, false, "det_padding"},
+                          {1, 2, 2, 300, 300, true, 64, -1, false, false, false, "det_window"}};
+  for (const Shape& shape : shapes) {
+    SCOPED_TRACE(shape.tag);
+    Case c{e, t, D, shape};
+    RunInputs in = make_inputs(c, 99);
+    if (!why_unsupported(*e, in.problem, query_device(g_device).sm()).empty()) continue;  // a feature it lacks
+    SessionOptions so;
+    so.device = g_device;
+    so.timing.warmup = 0;
+    so.timing.repeat = 1;
+    so.deterministic = true;
+    so.check = true;
+    Session session(std::move(in), so);
+    RunRecord a = session.run(*e), b = session.run(*e);
+    auto same = [](const std::optional<HostArray>& x, const std::optional<HostArray>& y) {
+      return x.has_value() == y.has_value() && (!x || x->bytes == y->bytes);
+    };
+    EXPECT_TRUE(same(a.outputs.o, b.outputs.o) && same(a.outputs.lse, b.outputs.lse));
+    EXPECT_TRUE(same(a.outputs.dq, b.outputs.dq) && same(a.outputs.dk, b.outputs.dk) &&
+                same(a.outputs.dv, b.outputs.dv));
+    ASSERT_TRUE(a.check.performed);
+    for (const OutputCheck& o : a.check.outputs)
+      EXPECT_TRUE(o.passed) << o.name << ": " << o.metric << " " << o.measured << " vs tolerance " << o.tolerance;
+  }
 }
 
 std::vector<const KernelMode*> deterministic_entries() {

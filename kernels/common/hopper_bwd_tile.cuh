@@ -1,0 +1,435 @@
+// The hopper backward kernel's pieces: its configuration per head dim, the kernel arguments, the
+// shared-memory map, the step list every role walks, the producer, the dQ writer and the consumer
+// warpgroup. Device code for kernels/hopper_bwd.cu alone; the file's header there describes the
+// algorithm.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/key_blocks.cuh"
+#include "common/mask.cuh"
+#include "common/mma_sm80.cuh"
+#include "common/sm90.cuh"
+#include "common/sm90_wgmma_ops.cuh"
+
+namespace flashattn {
+namespace hopper_bwd {
+
+// One CTA owns kBlockN = 128 keys of one (kv head, batch); each of its two consumer warpgroups owns
+// 64 of them (wgmma's M), with dK and dV of those keys (64 x D fp32 each) in its registers for the
+// whole kernel. A step is one block of kBlockM queries of one query head of the group.
+//   D = 128: kBlockM = 64. Registers per consumer thread: dK 64 + dV 64 + S^T 32 + dP^T 32, under
+//            the 240 that setmaxnreg grants. dQ (64 x 128) is split by columns: each warpgroup
+//            computes 64 of the 128 (wgmma N = 64).
+//   D = 64:  kBlockM = 128 (dK + dV are only 64 registers, so S^T and dP^T can be 64 x 128):
+//            dQ (128 x 64) is split by rows.
+template <int kHeadDim_, int kBlockM_>
+struct Traits {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;  // queries per step
+  static constexpr int kBlockN = 128;       // keys per CTA
+  static constexpr int kConsumerWGs = 2;
+  static constexpr int kThreads = 128 * (kConsumerWGs + 1);
+  static constexpr int kStages = 2;  // Q/dO/lse/D_i ring depth
+  // (24 + 2 x 240) x 128 = 64512 <= 65536 registers of the SM.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+
+  static constexpr int kPanels = kHeadDim / 64;  // 128-byte swizzle panels per row
+  static constexpr int kPanelBytesQ = kBlockM * 128;
+  static constexpr int kTileQBytes = kPanels * kPanelBytesQ;  // Q, dO: (kBlockM, kHeadDim)
+  static constexpr int kPanelBytesK = kBlockN * 128;
+  static constexpr int kTileKBytes = kPanels * kPanelBytesK;  // K, V: (kBlockN, kHeadDim)
+  static constexpr int kStatBytes = kBlockM * 4;               // lse·log2 e or D_i of a step
+  // dS^T as (kBlockN keys, kBlockM queries), 64-query panels: the A operand of dQ = dS K, read
+  // MN-major. Two buffers, so one warpgroup can write step t+1's while the other still reads t's.
+  static constexpr int kDsPanelBytes = kBlockN * 128;
+  static constexpr int kDsBytes = (kBlockM / 64) * kDsPanelBytes;
+  // dQ of a step in fp32, the two warpgroups' 64 x 64 pieces one after the other, each in the
+  // accumulator's register order (DqPiece below): what the copy engine adds into the workspace.
+  static constexpr int kDqBytes = kBlockM * kHeadDim * 4;
+  static constexpr bool kDqSplitRows = kBlockM == 128;  // else split by columns
+  static constexpr int kMTiles = kBlockM / 8;   // n8 tiles of S^T per warp (columns are queries)
+  static constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of dK, dV per warp
+
+  // mbarriers: K/V full; Q full, dO full and Q/dO empty per stage; dQ full and empty.
+  static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages + 2);
+  static constexpr int kSmemBytes = 1024 /* alignment slack */ + 2 * kTileKBytes + 2 * kStages * kTileQBytes +
+                                    2 * kStages * kStatBytes + 2 * kDsBytes + kDqBytes + kBarrierBytes;
+
+  static_assert(kHeadDim % 64 == 0, "whole 128-byte panels");
+  static_assert(kDqSplitRows ? kHeadDim == 64 : (kBlockM == 64 && kHeadDim == 128),
+                "each warpgroup's dQ piece is 64 x 64");
+  static_assert(kSmemBytes <= 227 * 1024, "shared memory a CTA may opt in to on the H100");
+};
+
+template <int kHeadDim> struct TraitsFor;
+template <> struct TraitsFor<64> { using type = Traits<64, 128>; };
+template <> struct TraitsFor<128> { using type = Traits<128, 64>; };
+
+struct Args {
+  CUtensorMap tm_q, tm_do;   // (D, S_q, H, B), boxes of (64, kBlockM)
+  CUtensorMap tm_k, tm_v;    // (D, S_k, H_kv, B), boxes of (64, kBlockN)
+  CUtensorMap tm_dk, tm_dv;  // (D, S_k, H_kv, B), boxes of (64, 64): one warpgroup's keys
+  const float* lse2 = nullptr;  // [B, H, S_pad]: lse·log2 e, +inf for empty rows and rows >= S_q
+  const float* dsum = nullptr;  // [B, H, S_pad]: D_i = rowsum(dO ∘ O), 0 for rows >= S_q
+  // [B, H, S_pad / kBlockM] chunks of kBlockM x D fp32 in DqPiece order; zeroed by the launch.
+  float* dq_accum = nullptr;
+  // --deterministic: [B, H, S_pad / kBlockM] counters (zeroed by the launch), null otherwise.
+  int* dq_sem = nullptr;
+  int H = 0, group = 1, S_q = 0, S_pad = 0;
+  float scale = 0.f, scale_log2 = 0.f;
+  int key_lo_shift = 0, key_hi_shift = 0;  // keys visible to query i: [i + lo, i + hi) (hopper_fwd's)
+  Visibility vis;
+};
+
+// The steps of a CTA, computed alike by every role: (query head r of the group, Q block) pairs,
+// heads outer, Q blocks ascending; only Q blocks holding a query that sees one of the CTA's keys.
+template <class Tr>
+struct Steps {
+  int n0, kv_head, b, seqlen_k, n_m, total;
+  BlockRange mb;
+  IndexRange full_rows;  // Q blocks inside these rows see every key of the CTA: no masking
+  __device__ Steps(const Args& a, int n_block, int kv_head_, int b_) : n0(n_block * Tr::kBlockN), kv_head(kv_head_), b(b_) {
+    seqlen_k = a.vis.seqlen_k(b);
+    const int key_end = min(seqlen_k, a.vis.S_k);
+    const int n_keys = min(key_end - n0, Tr::kBlockN);
+    mb = query_blocks(a.vis, n0, n_keys, seqlen_k, Tr::kBlockM);
+    n_m = mb.size();
+    total = a.group * n_m;
+    full_rows = full_query_rows(a.vis, n0, Tr::kBlockN, seqlen_k);
+  }
+  __device__ int head(int t) const { return t / n_m; }  // r: the query head within the group
+  __device__ int m_block(int t) const { return mb.begin + t % n_m; }
+  __device__ bool masked(int t, int S_q) const {
+    const int m0 = m_block(t) * Tr::kBlockM;
+    return !(m0 >= full_rows.begin && min(m0 + Tr::kBlockM, S_q) <= full_rows.end);
+  }
+};
+
+// Shared-memory map of one CTA (byte addresses in the shared window).
+template <class Tr>
+struct Smem {
+  uint32_t k, v, q, dout, lse, dsum, ds, dq, bars;
+  __device__ explicit Smem(uint32_t raw) {
+    k = (raw + 1023) & ~1023u;                   // (kBlockN, kHeadDim)
+    v = k + Tr::kTileKBytes;                     // (kBlockN, kHeadDim)
+    q = v + Tr::kTileKBytes;                     // kStages x (kBlockM, kHeadDim)
+    dout = q + Tr::kStages * Tr::kTileQBytes;    // kStages x (kBlockM, kHeadDim)
+    ds = dout + Tr::kStages * Tr::kTileQBytes;   // 2 x (kBlockN, kBlockM)
+    dq = ds + 2 * Tr::kDsBytes;                  // (kBlockM, kHeadDim) fp32
+    lse = dq + Tr::kDqBytes;                     // kStages x kBlockM fp32
+    dsum = lse + Tr::kStages * Tr::kStatBytes;   // kStages x kBlockM fp32
+    bars = dsum + Tr::kStages * Tr::kStatBytes;  // 8-byte mbarriers
+  }
+  __device__ uint32_t full_kv() const { return bars; }
+  __device__ uint32_t full_q(int s) const { return bars + 8 * (1 + s); }
+  __device__ uint32_t full_do(int s) const { return bars + 8 * (1 + Tr::kStages + s); }
+  __device__ uint32_t empty_qdo(int s) const { return bars + 8 * (1 + 2 * Tr::kStages + s); }
+  __device__ uint32_t dq_full() const { return bars + 8 * (1 + 3 * Tr::kStages); }
+  __device__ uint32_t dq_empty() const { return bars + 8 * (2 + 3 * Tr::kStages); }
+  __device__ uint32_t q_stage(int s) const { return q + s * Tr::kTileQBytes; }
+  __device__ uint32_t do_stage(int s) const { return dout + s * Tr::kTileQBytes; }
+  __device__ uint32_t lse_stage(int s) const { return lse + s * Tr::kStatBytes; }
+  __device__ uint32_t dsum_stage(int s) const { return dsum + s * Tr::kStatBytes; }
+  __device__ uint32_t ds_buf(int t) const { return ds + (t & 1) * Tr::kDsBytes; }
+};
+
+// Where the stats and dQ of step t live in the workspace.
+template <class Tr>
+__device__ __forceinline__ int64_t row_base(const Args& a, int b, int h) {
+  return (static_cast<int64_t>(b) * a.H + h) * a.S_pad;
+}
+
+// The producer: one thread issues every copy. K and V once; then per step Q with lse·log2 e and
+// dO with D_i into the next stage of the ring once the consumers have released it.
+template <class Tr>
+__device__ __forceinline__ void produce(const Args& a, const Smem<Tr>& sm, const Steps<Tr>& st) {
+  sm90::prefetch_tensor_map(&a.tm_q);
+  sm90::prefetch_tensor_map(&a.tm_do);
+  sm90::mbar_arrive_expect_tx(sm.full_kv(), 2 * Tr::kTileKBytes);
+#pragma unroll
+  for (int p = 0; p < Tr::kPanels; ++p) {
+    sm90::tma_load_4d(sm.k + p * Tr::kPanelBytesK, &a.tm_k, sm.full_kv(), p * 64, st.n0, st.kv_head, st.b);
+    sm90::tma_load_4d(sm.v + p * Tr::kPanelBytesK, &a.tm_v, sm.full_kv(), p * 64, st.n0, st.kv_head, st.b);
+  }
+  for (int t = 0; t < st.total; ++t) {
+    const int s = t % Tr::kStages;
+    const uint32_t phase = (t / Tr::kStages) & 1;
+    const int h = st.kv_head * a.group + st.head(t), m0 = st.m_block(t) * Tr::kBlockM;
+    const int64_t rows = row_base<Tr>(a, st.b, h) + m0;
+    sm90::mbar_wait(sm.empty_qdo(s), phase ^ 1);
+    sm90::mbar_arrive_expect_tx(sm.full_q(s), Tr::kTileQBytes + Tr::kStatBytes);
+#pragma unroll
+    for (int p = 0; p < Tr::kPanels; ++p)
+      sm90::tma_load_4d(sm.q_stage(s) + p * Tr::kPanelBytesQ, &a.tm_q, sm.full_q(s), p * 64, m0, h, st.b);
+    sm90::bulk_load(sm.lse_stage(s), a.lse2 + rows, Tr::kStatBytes, sm.full_q(s));
+    sm90::mbar_arrive_expect_tx(sm.full_do(s), Tr::kTileQBytes + Tr::kStatBytes);
+#pragma unroll
+    for (int p = 0; p < Tr::kPanels; ++p)
+      sm90::tma_load_4d(sm.do_stage(s) + p * Tr::kPanelBytesQ, &a.tm_do, sm.full_do(s), p * 64, m0, h, st.b);
+    sm90::bulk_load(sm.dsum_stage(s), a.dsum + rows, Tr::kStatBytes, sm.full_do(s));
+  }
+}
+
+// The dQ writer: one thread of the producer warpgroup hands each step's dQ to the copy engine,
+// which adds it into the workspace (cp.reduce.async.bulk .add.f32), then frees the buffer once the
+// engine has read it. --deterministic: the CTAs adding into one Q block take turns in key-block
+// order (a counter per Q block: this CTA waits until it reads its rank, adds, waits for the adds to
+// complete, and counts on), so the sums are formed in the same order every run.
+template <class Tr>
+__device__ __forceinline__ void write_dq(const Args& a, const Smem<Tr>& sm, const Steps<Tr>& st) {
+  const int n_block = st.n0 / Tr::kBlockN;
+  const int chunks = a.S_pad / Tr::kBlockM;
+  for (int t = 0; t < st.total; ++t) {
+    const int h = st.kv_head * a.group + st.head(t), mi = st.m_block(t);
+    const int64_t chunk = (static_cast<int64_t>(st.b) * a.H + h) * chunks + mi;
+    sm90::mbar_wait(sm.dq_full(), t & 1);
+    int* sem = a.dq_sem != nullptr ? a.dq_sem + chunk : nullptr;
+    if (sem != nullptr) {
+      // Key blocks that add into Q block mi, in order: this CTA's rank among them.
+      const int m0 = mi * Tr::kBlockM, m_last = min(m0 + Tr::kBlockM, a.S_q) - 1;
+      const int rank = n_block - key_blocks<Tr::kBlockN>(a.vis, m0, m_last, st.seqlen_k).begin;
+      // The previous key block's CTA was launched before this one (grid order), so it runs or has
+      // run; a wait this long means it never will: fail loudly instead of hanging.
+      long long spins = 0;
+      while (sm90::ld_acquire_gpu(sem) != rank) {
+        __nanosleep(128);
+        if (++spins > (1ll << 25)) __trap();
+      }
+    }
+    sm90::bulk_reduce_add_f32(a.dq_accum + chunk * (Tr::kBlockM * Tr::kHeadDim), sm.dq, Tr::kDqBytes);
+    sm90::tma_store_commit();
+    if (sem != nullptr) {
+      sm90::tma_store_wait_all();
+      sm90::fence_proxy_async_global();
+      sm90::red_release_gpu_add(sem, 1);
+    } else {
+      sm90::tma_store_wait_read();
+    }
+    sm90::mbar_arrive(sm.dq_empty());
+  }
+}
+
+// One consumer warpgroup: 64 keys (rows key0 .. key0 + 63 of the CTA's K and V), their dK and dV
+// in registers.
+template <class Tr, bool kBf16>
+struct Consumer {
+  using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
+  using MmaS = sm90::Wgmma<Tr::kBlockM, kBf16>;   // S^T, dP^T: (64 keys, kBlockM queries)
+  using MmaKV = sm90::Wgmma<Tr::kHeadDim, kBf16>; // dV, dK: (64 keys, kHeadDim)
+  using MmaQ = sm90::Wgmma<64, kBf16>;            // dQ piece: (64, 64)
+  using Scores = float[Tr::kMTiles][4];
+  using Packed = uint32_t[Tr::kMTiles][2];  // 16-bit pairs: the A fragments over the queries
+
+  const Args& a;
+  const Smem<Tr>& sm;
+  const Steps<Tr>& st;
+  int cw, ctid, lane, warp;
+  float rdK[Tr::kDTiles][4];
+  float rdV[Tr::kDTiles][4];
+
+  __device__ Consumer(const Args& a_, const Smem<Tr>& sm_, const Steps<Tr>& st_, int cw_, int ctid_)
+      : a(a_), sm(sm_), st(st_), cw(cw_), ctid(ctid_) {
+    lane = ctid % 32;
+    warp = ctid / 32;
+#pragma unroll
+    for (int di = 0; di < Tr::kDTiles; ++di)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) rdK[di][e] = rdV[di][e] = 0.f;
+  }
+
+  // acc = X_w Y^T for X = K or V (this warpgroup's 64 rows) and Y = Q or dO of stage s: both
+  // K-major, k16 steps over the head dim (32 bytes apart inside a panel, panel by panel).
+  __device__ __forceinline__ void issue_scores(Scores& acc, uint32_t x_tile, uint32_t y_tile) const {
+#pragma unroll
+    for (int kk = 0; kk < Tr::kHeadDim / 16; ++kk) {
+      const uint32_t off = (kk % 4) * 32;
+      const uint64_t da = sm90::make_desc(x_tile + (kk / 4) * Tr::kPanelBytesK + cw * 64 * 128 + off, 16, 1024);
+      const uint64_t db = sm90::make_desc(y_tile + (kk / 4) * Tr::kPanelBytesQ + off, 16, 1024);
+      MmaS::ss(acc, da, db, kk > 0 ? 1 : 0);
+    }
+  }
+
+  // acc += P^T Y (or dS^T Y): A from registers (k16 steps over the queries), Y = dO or Q of the
+  // stage read MN-major (16 queries are two 8-row groups, SBO 1024; head-dim panels LBO apart).
+  __device__ __forceinline__ void issue_grad(float (&acc)[Tr::kDTiles][4], const Packed& rA, uint32_t y_tile) const {
+#pragma unroll
+    for (int kk = 0; kk < Tr::kBlockM / 16; ++kk) {
+      const uint32_t pa[4] = {rA[2 * kk][0], rA[2 * kk][1], rA[2 * kk + 1][0], rA[2 * kk + 1][1]};
+      const uint64_t db = sm90::make_desc(y_tile + kk * 2048, Tr::kPanelBytesQ, 1024);
+      MmaKV::rs(acc, pa, db, 1);
+    }
+  }
+
+  // This warpgroup's 64 x 64 piece of dQ = dS K over the CTA's 128 keys: dS^T (keys x queries)
+  // and K (keys x D) both read MN-major, k16 steps over the keys.
+  __device__ __forceinline__ void issue_dq(float (&acc)[8][4], uint32_t ds_tile) const {
+    const uint32_t a_base = ds_tile + (Tr::kDqSplitRows ? cw * Tr::kDsPanelBytes : 0);
+    const uint32_t b_base = sm.k + (Tr::kDqSplitRows ? 0 : cw * Tr::kPanelBytesK);
+#pragma unroll
+    for (int kk = 0; kk < Tr::kBlockN / 16; ++kk) {
+      const uint64_t da = sm90::make_desc(a_base + kk * 2048, Tr::kDsPanelBytes, 1024);
+      const uint64_t db = sm90::make_desc(b_base + kk * 2048, Tr::kPanelBytesK, 1024);
+      MmaQ::ss_mn(acc, da, db, kk > 0 ? 1 : 0);
+    }
+  }
+
+  // P^T = exp2(S^T·scale·log2 e − lse_i·log2 e), in place; -inf (P = 0) where key j (this lane's
+  // rows) does not see query i (its columns): i in [j − hi + 1, j − lo + 1), j < seqlen_k.
+  __device__ __forceinline__ void probs(Scores& rS, int s, int m0, bool masked) const {
+    const int key = st.n0 + cw * 64 + warp * 16 + lane / 4;
+#pragma unroll
+    for (int ni = 0; ni < Tr::kMTiles; ++ni) {
+      const float2 lse = sm90::ld_shared_f32x2(sm.lse_stage(s) + (ni * 8 + 2 * (lane % 4)) * 4);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float l = (e & 1) ? lse.y : lse.x;
+        float x = fmaf(rS[ni][e], a.scale_log2, -l);
+        if (masked) {
+          const int j = key + (e / 2) * 8;
+          const int i = m0 + ni * 8 + 2 * (lane % 4) + (e & 1);
+          const bool vis = j < st.seqlen_k && i >= j - a.key_hi_shift + 1 && i < j - a.key_lo_shift + 1;
+          if (!vis) x = -INFINITY;
+        }
+        rS[ni][e] = mma::exp2_approx(x);
+      }
+    }
+  }
+
+  // dS^T = P^T ∘ (dP^T − D_i), in place in dP's registers.
+  __device__ __forceinline__ void dscores(Scores& rdP, const Scores& rP, int s) const {
+#pragma unroll
+    for (int ni = 0; ni < Tr::kMTiles; ++ni) {
+      const float2 d = sm90::ld_shared_f32x2(sm.dsum_stage(s) + (ni * 8 + 2 * (lane % 4)) * 4);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) rdP[ni][e] = rP[ni][e] * (rdP[ni][e] - ((e & 1) ? d.y : d.x));
+    }
+  }
+
+  __device__ __forceinline__ static void pack(const Scores& x, Packed& out) {
+#pragma unroll
+    for (int ni = 0; ni < Tr::kMTiles; ++ni) {
+      out[ni][0] = mma::pack2<T>(x[ni][0], x[ni][1]);
+      out[ni][1] = mma::pack2<T>(x[ni][2], x[ni][3]);
+    }
+  }
+
+  // dS^T (16-bit) -> this warpgroup's 64 key rows of the dS buffer, swizzled as TMA would: query
+  // column c of key row r sits in panel c / 64, 16-byte chunk (c % 64) / 8 ^ (r % 8).
+  __device__ __forceinline__ void store_ds(const Packed& rdS, uint32_t ds_tile) const {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = cw * 64 + warp * 16 + r * 8 + lane / 4;
+#pragma unroll
+      for (int ni = 0; ni < Tr::kMTiles; ++ni) {
+        const uint32_t addr = ds_tile + (ni / 8) * Tr::kDsPanelBytes + row * 128 + (((ni % 8) ^ (row % 8)) << 4) +
+                              4 * (lane % 4);
+        sm90::st_shared_32(addr, rdS[ni][r]);
+      }
+    }
+  }
+
+  // dQ piece -> the dQ buffer in register order (float4 ni of thread ctid at piece + ni·2048 +
+  // ctid·16 bytes: conflict-free 16-byte stores), published to the dQ writer.
+  __device__ __forceinline__ void store_dq(const float (&rdQ)[8][4], int t) const {
+    sm90::mbar_wait(sm.dq_empty(), (t & 1) ^ 1);
+    const uint32_t piece = sm.dq + cw * (64 * 64 * 4);
+#pragma unroll
+    for (int ni = 0; ni < 8; ++ni)
+      sm90::st_shared_f32x4(piece + ni * 2048 + ctid * 16, rdQ[ni][0], rdQ[ni][1], rdQ[ni][2], rdQ[ni][3]);
+    sm90::fence_proxy_async();
+    sm90::mbar_arrive(sm.dq_full());
+  }
+
+  __device__ __forceinline__ void release(uint32_t bar) const {
+    __syncwarp();
+    if (lane == 0) sm90::mbar_arrive(bar);
+  }
+
+  // One step: FlashAttention-2's backward inner loop (Algorithm 2) for the Q block of step t.
+  __device__ void step(int t) {
+    const int s = t % Tr::kStages;
+    const uint32_t phase = (t / Tr::kStages) & 1;
+    const int m0 = st.m_block(t) * Tr::kBlockM;
+    const bool masked = st.masked(t, a.S_q);
+    Scores rS, rdP;
+    sm90::mbar_wait(sm.full_q(s), phase);
+    sm90::wgmma_fence();
+    issue_scores(rS, sm.k, sm.q_stage(s));  // S^T = K_j Q_i^T
+    sm90::wgmma_commit();
+    sm90::mbar_wait(sm.full_do(s), phase);
+    sm90::wgmma_fence();  // a fence after the wait's loop, or ptxas inserts one of its own
+    issue_scores(rdP, sm.v, sm.do_stage(s));  // dP^T = V_j dO_i^T
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<1>();
+    sm90::fence_regs(rS);
+    probs(rS, s, m0, masked);
+    Packed rP;
+    pack(rS, rP);
+    sm90::wgmma_fence();
+    issue_grad(rdV, rP, sm.do_stage(s));  // dV_j += P^T dO_i   (while dP may still run)
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<1>();
+    sm90::fence_regs(rdP);
+    dscores(rdP, rS, s);
+    Packed rdS;
+    pack(rdP, rdS);
+    const uint32_t ds_tile = sm.ds_buf(t);
+    store_ds(rdS, ds_tile);
+    sm90::fence_proxy_async();
+    sm90::wgmma_fence();
+    issue_grad(rdK, rdS, sm.q_stage(s));  // dK_j += dS^T Q_i
+    sm90::wgmma_commit();
+    sm90::named_sync(/*id=*/1, /*threads=*/256);  // both warpgroups' dS^T rows are in shared memory
+    float rdQ[8][4];
+    sm90::wgmma_fence();
+    issue_dq(rdQ, ds_tile);  // dQ_i (piece) = dS K_j
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    sm90::fence_regs(rdQ);
+    sm90::fence_regs(rdK);
+    sm90::fence_regs(rdV);
+    sm90::fence_regs(rP);
+    sm90::fence_regs(rdS);
+    release(sm.empty_qdo(s));
+    store_dq(rdQ, t);
+  }
+
+  // dK (x scale) and dV -> 16-bit -> this warpgroup's staging tiles (the Q/dO ring, idle now) ->
+  // TMA stores, which drop the rows past S_k.
+  __device__ void epilogue() {
+    constexpr int kOutPanel = 64 * 128;  // 64 rows of one 64-column panel
+    const uint32_t dk_tile = sm.q + cw * 2 * Tr::kPanels * kOutPanel;
+    const uint32_t dv_tile = dk_tile + Tr::kPanels * kOutPanel;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = warp * 16 + r * 8 + lane / 4;
+#pragma unroll
+      for (int di = 0; di < Tr::kDTiles; ++di) {
+        const uint32_t off = (di / 8) * kOutPanel + row * 128 + (((di % 8) ^ (row % 8)) << 4) + 4 * (lane % 4);
+        sm90::st_shared_32(dk_tile + off, mma::pack2<T>(rdK[di][2 * r] * a.scale, rdK[di][2 * r + 1] * a.scale));
+        sm90::st_shared_32(dv_tile + off, mma::pack2<T>(rdV[di][2 * r], rdV[di][2 * r + 1]));
+      }
+    }
+    sm90::fence_proxy_async();
+    sm90::named_sync(/*id=*/2 + cw, /*threads=*/128);
+    if (ctid == 0) {
+      const int key0 = st.n0 + cw * 64;
+#pragma unroll
+      for (int p = 0; p < Tr::kPanels; ++p) {
+        sm90::tma_store_4d(&a.tm_dk, dk_tile + p * kOutPanel, p * 64, key0, st.kv_head, st.b);
+        sm90::tma_store_4d(&a.tm_dv, dv_tile + p * kOutPanel, p * 64, key0, st.kv_head, st.b);
+      }
+      sm90::tma_store_commit();
+      sm90::tma_store_wait_read();
+    }
+  }
+};
+
+}  // namespace hopper_bwd
+}  // namespace flashattn

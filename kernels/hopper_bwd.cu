@@ -1,0 +1,321 @@
+// hopper, backward — rung 8 of the ladder, the backward pass on Hopper's own instructions (sm_90a).
+// Over rung 7's backward (mma, mma.sync fed by ldmatrix/cp.async) it adds what the hopper forward
+// adds: Q, dO (and their lse, D_i) through the tensor copy engine into a two-stage ring of
+// swizzled tiles counted on mbarriers, K and V once per CTA; the five products as warpgroup
+// matrix products (wgmma); a producer warpgroup that gives its registers to two consumer
+// warpgroups (setmaxnreg); and dQ added into global memory by the copy engine itself
+// (cp.reduce.async.bulk .add.f32) instead of per-thread atomics.
+//
+//   preprocess  D_i = rowsum(dO_i ∘ O_i) and lse_i·log2 e (+inf for empty rows) into the
+//               workspace, padded to whole Q blocks; the dQ accumulator zeroed
+//   main        one CTA per (128-key block j, kv head, batch); warpgroup 1 + w owns keys
+//               64w .. 64w + 63 of the block, with their dK_j, dV_j in registers. For every
+//               query head of the GQA group and every Q block i that sees a key of block j
+//               (FlashAttention-2, Algorithm 2, transposed so the keys are wgmma's M):
+//                 S^T = K_j Q_i^T;  dP^T = V_j dO_i^T                         (wgmma, smem x smem)
+//                 P^T = exp2(S^T·scale·log2 e − lse_i·log2 e)  (masked on boundary blocks)
+//                 dV_j += P^T dO_i                                          (P from registers)
+//                 dS^T = P^T ∘ (dP^T − D_i);  dK_j += dS^T Q_i              (dS from registers)
+//                 dS^T -> shared memory;  dQ_i (the warpgroup's 64 x 64 piece) = dS K_j
+//                 dQ piece -> shared memory; the dQ writer thread adds it into the workspace
+//               dK_j·scale, dV_j -> 16-bit -> shared memory -> TMA stores
+//   convert     dQ = scale · accumulator, un-permuted -> dtype
+// --deterministic: the same kernels; the CTAs adding into one Q block take turns in key-block
+// order (a counter per Q block in the workspace), so dQ is bit-identical run to run. dK and dV
+// never need it: each CTA owns its keys and sums the query heads of its group itself.
+//
+// Features: causal (bottom-right), window, key padding (the padded K/V rows must hold finite
+// values, as for the forward: they meet P = 0 and dS = 0), GQA/MQA, S_q != S_k, any length >= 1,
+// empty rows (lse = -inf: P = 0), bhsd and bshd. Not the additive mask (declared unsupported).
+// Limits: fp16/bf16, head dims 64 and 128; head dims 32, 96 and 256 (and a scale <= 0) run the
+// mma kernel's backward, as --list says (D = 256 would need dK + dV alone at 256 registers per
+// consumer thread). sm_90 only; tensors 16-byte aligned, strides multiples of 8 elements.
+// Instantiations: 2 head dims x 2 dtypes x (main, convert) + 2 preprocess = 10 kernels.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "common/head_dims.h"
+#include "common/hopper_bwd_tile.cuh"
+#include "common/layout_checks.h"
+#include "common/sm90.cuh"
+#include "common/sm90_tma_host.h"
+#include "flashattn/check.h"
+#include "flashattn/error.h"
+#include "flashattn/registry.h"
+
+namespace flashattn {
+namespace hopper_bwd {
+
+// Rows of the workspace per (batch, head): S_q rounded up to a multiple of every kBlockM.
+constexpr int kRowAlign = 128;
+constexpr int kPreRows = 64;  // rows per preprocess CTA, 4 threads each
+
+struct PreArgs {
+  const void* o = nullptr;
+  const void* dout = nullptr;
+  Strides o_st, do_st;
+  const float* lse = nullptr;  // [B, H, S_q], natural log
+  float* lse2 = nullptr;       // [B, H, S_pad]
+  float* dsum = nullptr;       // [B, H, S_pad]
+  int H = 0, S_q = 0, S_pad = 0, D = 0;
+};
+
+// D_i = rowsum(dO_i ∘ O_i) in fp32 and lse_i·log2 e, four threads per row (16-byte loads).
+template <class T>
+__global__ void __launch_bounds__(4 * kPreRows) preprocess_kernel(const PreArgs a) {
+  const int i = blockIdx.x * kPreRows + threadIdx.x / 4, part = threadIdx.x % 4;
+  const int h = blockIdx.y, b = blockIdx.z;
+  float acc = 0.f;
+  if (i < a.S_q) {
+    const T* o_row = static_cast<const T*>(a.o) + b * a.o_st.batch + h * a.o_st.head + i * a.o_st.row;
+    const T* do_row = static_cast<const T*>(a.dout) + b * a.do_st.batch + h * a.do_st.head + i * a.do_st.row;
+    for (int c = part; c < a.D / 8; c += 4) {
+      const uint4 ov = *reinterpret_cast<const uint4*>(o_row + 8 * c);
+      const uint4 dv = *reinterpret_cast<const uint4*>(do_row + 8 * c);
+      const T* oe = reinterpret_cast<const T*>(&ov);
+      const T* de = reinterpret_cast<const T*>(&dv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc += static_cast<float>(oe[e]) * static_cast<float>(de[e]);
+    }
+  }
+  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+  if (part == 0 && i < a.S_pad) {
+    const int64_t r = (static_cast<int64_t>(b) * a.H + h) * a.S_pad + i;
+    float l = INFINITY;  // rows past S_q and empty rows: P = exp2(s - inf) = 0
+    if (i < a.S_q) {
+      const float lse = a.lse[(static_cast<int64_t>(b) * a.H + h) * a.S_q + i];
+      if (lse != -INFINITY) l = lse * 1.4426950408889634f;
+    }
+    a.lse2[r] = l;
+    a.dsum[r] = i < a.S_q ? acc : 0.f;
+  }
+}
+
+template <class Tr, bool kBf16>
+__global__ void __launch_bounds__(Tr::kThreads, 1) backward_kernel(const __grid_constant__ Args a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const Smem<Tr> sm(sm90::smem_u32(smem));
+  const int tid = threadIdx.x, wg = tid / 128;
+  const Steps<Tr> st(a, blockIdx.x, blockIdx.y, blockIdx.z);
+
+  if (tid == 0) {
+    sm90::mbar_init(sm.full_kv(), 1);
+    for (int s = 0; s < Tr::kStages; ++s) {
+      sm90::mbar_init(sm.full_q(s), 1);
+      sm90::mbar_init(sm.full_do(s), 1);
+      sm90::mbar_init(sm.empty_qdo(s), Tr::kConsumerWGs * 4);  // one arrival per consumer warp
+    }
+    sm90::mbar_init(sm.dq_full(), Tr::kConsumerWGs * 128);  // every consumer thread's stores
+    sm90::mbar_init(sm.dq_empty(), 1);
+    sm90::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    sm90::setmaxnreg_dec<Tr::kProducerRegs>();
+    if (tid == 0) {
+      sm90::prefetch_tensor_map(&a.tm_k);
+      sm90::prefetch_tensor_map(&a.tm_v);
+      produce<Tr>(a, sm, st);
+    } else if (tid == 32) {
+      write_dq<Tr>(a, sm, st);
+    }
+  } else {
+    sm90::setmaxnreg_inc<Tr::kConsumerRegs>();
+    Consumer<Tr, kBf16> c(a, sm, st, wg - 1, tid - 128 * wg);
+    sm90::mbar_wait(sm.full_kv(), 0);
+    for (int t = 0; t < st.total; ++t) c.step(t);
+    // Both warpgroups are done with the Q/dO ring, which stages dK and dV now.
+    sm90::named_sync(/*id=*/1, /*threads=*/256);
+    c.epilogue();
+  }
+#endif
+}
+
+// One CTA per Q block of the accumulator: its two 64 x 64 pieces (hopper_bwd_tile.cuh, store_dq)
+// -> dQ rows, scaled, rounded, 4-byte stores of column pairs.
+template <class Tr, class T>
+__global__ void __launch_bounds__(256) convert_dq_kernel(const Args a, T* dq, Strides dq_st) {
+  const int mi = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int chunks = a.S_pad / Tr::kBlockM;
+  const float4* src = reinterpret_cast<const float4*>(
+      a.dq_accum + ((static_cast<int64_t>(b) * a.H + h) * chunks + mi) * (Tr::kBlockM * Tr::kHeadDim));
+  T* out = dq + b * dq_st.batch + h * dq_st.head;
+  for (int q = threadIdx.x; q < Tr::kBlockM * Tr::kHeadDim / 4; q += blockDim.x) {
+    const float4 x = src[q];
+    // float4 q: piece q / 1024; inside it n8 tile ni of consumer thread ctid: rows (g, g + 8) of
+    // warp ctid / 32, columns ni·8 + 2t, + 1.
+    const int piece = q / 1024, rem = q % 1024, ni = rem / 128, ctid = rem % 128;
+    const int lane = ctid % 32;
+    int row = (ctid / 32) * 16 + lane / 4, col = ni * 8 + 2 * (lane % 4);
+    if (Tr::kDqSplitRows)
+      row += piece * 64;
+    else
+      col += piece * 64;
+    const int i = mi * Tr::kBlockM + row;
+    if (i < a.S_q)
+      *reinterpret_cast<uint32_t*>(out + i * dq_st.row + col) = mma::pack2<T>(x.x * a.scale, x.y * a.scale);
+    if (i + 8 < a.S_q)
+      *reinterpret_cast<uint32_t*>(out + (i + 8) * dq_st.row + col) = mma::pack2<T>(x.z * a.scale, x.w * a.scale);
+  }
+}
+
+// ---- host side ------------------------------------------------------------------------------------
+
+namespace {
+
+int padded_rows(int S_q) { return (S_q + kRowAlign - 1) / kRowAlign * kRowAlign; }
+
+// Workspace: the dQ accumulator [B, H, S_pad, D] fp32, then lse·log2 e and D_i [B, H, S_pad],
+// then the deterministic path's counters [B, H, S_pad / 64] (zeroed whether used or not).
+struct Workspace {
+  size_t accum = 0, stats = 0, sems = 0;
+  explicit Workspace(const BwdParams& p) {
+    const size_t rows = static_cast<size_t>(p.B) * p.H * padded_rows(p.S_q);
+    accum = rows * p.D * sizeof(float);
+    stats = rows * sizeof(float);
+    sems = rows / 64 * sizeof(int);
+  }
+  size_t total() const { return accum + 2 * stats + sems; }
+};
+
+template <bool kBf16, class Tr>
+void launch(const BwdParams& p, const LaunchContext& ctx) {
+  using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
+  const Workspace ws(p);
+  char* base = static_cast<char*>(p.workspace);
+  Args a;
+  a.tm_q = sm90::make_tensor_map(p.q, p.dtype, p.q_st, p.B, p.H, p.S_q, p.D, Tr::kBlockM);
+  a.tm_do = sm90::make_tensor_map(p.dout, p.dtype, p.do_st, p.B, p.H, p.S_q, p.D, Tr::kBlockM);
+  a.tm_k = sm90::make_tensor_map(p.k, p.dtype, p.k_st, p.B, p.H_kv, p.S_k, p.D, Tr::kBlockN);
+  a.tm_v = sm90::make_tensor_map(p.v, p.dtype, p.v_st, p.B, p.H_kv, p.S_k, p.D, Tr::kBlockN);
+  a.tm_dk = sm90::make_tensor_map(p.dk, p.dtype, p.dk_st, p.B, p.H_kv, p.S_k, p.D, 64);
+  a.tm_dv = sm90::make_tensor_map(p.dv, p.dtype, p.dv_st, p.B, p.H_kv, p.S_k, p.D, 64);
+  a.dq_accum = reinterpret_cast<float*>(base);
+  float* lse2 = reinterpret_cast<float*>(base + ws.accum);
+  float* dsum = reinterpret_cast<float*>(base + ws.accum + ws.stats);
+  a.lse2 = lse2;
+  a.dsum = dsum;
+  a.dq_sem = p.deterministic ? reinterpret_cast<int*>(base + ws.accum + 2 * ws.stats) : nullptr;
+  a.H = p.H;
+  a.group = p.H / p.H_kv;
+  a.S_q = p.S_q;
+  a.S_pad = padded_rows(p.S_q);
+  a.scale = p.scale;
+  a.scale_log2 = p.scale_log2;
+  a.vis = make_visibility(p);
+  const KeyShifts shifts = key_shifts(a.vis);
+  a.key_lo_shift = shifts.lo;
+  a.key_hi_shift = shifts.hi;
+
+  CUDA_CHECK(cudaMemsetAsync(a.dq_accum, 0, ws.accum, ctx.stream));
+  if (p.deterministic) CUDA_CHECK(cudaMemsetAsync(a.dq_sem, 0, ws.sems, ctx.stream));
+  PreArgs pre;
+  pre.o = p.o, pre.dout = p.dout, pre.o_st = p.o_st, pre.do_st = p.do_st;
+  pre.lse = static_cast<const float*>(p.lse);
+  pre.lse2 = lse2, pre.dsum = dsum;
+  pre.H = p.H, pre.S_q = p.S_q, pre.S_pad = a.S_pad, pre.D = p.D;
+  preprocess_kernel<T><<<dim3(a.S_pad / kPreRows, p.H, p.B), 4 * kPreRows, 0, ctx.stream>>>(pre);
+  CHECK_LAUNCH("hopper_bwd preprocess_kernel");
+
+  auto kernel = &backward_kernel<Tr, kBf16>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmemBytes));
+  // Key blocks of one kv head are adjacent in launch order (their CTAs share Q and dO in L2), block
+  // 0 (under a causal mask the most Q blocks) first; the deterministic path relies on key block
+  // j - 1 being launched before j.
+  const dim3 grid((p.S_k + Tr::kBlockN - 1) / Tr::kBlockN, p.H_kv, p.B);
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, ctx.stream>>>(a);
+  CHECK_LAUNCH("hopper_bwd backward_kernel");
+
+  convert_dq_kernel<Tr, T><<<dim3(a.S_pad / Tr::kBlockM, p.H, p.B), 256, 0, ctx.stream>>>(a, static_cast<T*>(p.dq),
+                                                                                         p.dq_st);
+  CHECK_LAUNCH("hopper_bwd convert_dq_kernel");
+}
+
+// Head dims with a variant of their own, and those handed to the mma backward.
+using OwnHeadDims = HeadDims<64, 128>;
+using FallbackHeadDims = HeadDims<32, 96, 256>;
+
+template <bool kBf16>
+void dispatch_head_dim(const BwdParams& p, const LaunchContext& ctx) {
+  OwnHeadDims::dispatch(p.D, "hopper backward", [&](auto kD) {
+    launch<kBf16, typename TraitsFor<decltype(kD)::value>::type>(p, ctx);
+  });
+}
+
+bool has_own_variant(const BwdParams& p) {
+  const bool scale_ok = p.scale_log2 > 0.f && std::isfinite(p.scale_log2);
+  return OwnHeadDims::declares(p.D) && scale_ok && p.mask.ptr == nullptr;
+}
+
+const KernelMode& mma_backward() {
+  const KernelMode* mma = Registry::find("mma", Mode::Backward);
+  if (mma == nullptr || mma->bwd == nullptr) throw RuntimeError("hopper backward: the mma fallback is not built");
+  return *mma;
+}
+
+size_t workspace_bytes(const BwdParams& p) {
+  if (!has_own_variant(p)) {
+    const KernelMode& mma = mma_backward();
+    return mma.bwd_workspace != nullptr ? mma.bwd_workspace(p) : 0;
+  }
+  return Workspace(p).total();
+}
+
+void run(const BwdParams& p, const LaunchContext& ctx) {
+  if (static_cast<int64_t>(p.B) * p.H * p.S_q == 0 || p.S_k == 0) return;
+  if (!has_own_variant(p)) return mma_backward().bwd(p, ctx);  // as --list says
+  if (ctx.sm != 90)
+    throw RuntimeError("hopper backward: built for sm_90a only; this GPU is sm_" + std::to_string(ctx.sm));
+  check_tiled_forward(p, "hopper backward");
+  if (!aligned16(p.dout) || !aligned16(p.dk) || !aligned16(p.dv) || !aligned16(p.dq) ||
+      !strides_multiple_of(p.do_st, 8) || !strides_multiple_of(p.dk_st, 8) || !strides_multiple_of(p.dv_st, 8) ||
+      !strides_multiple_of(p.dq_st, 8))
+    throw RuntimeError("hopper backward: tensors must be 16-byte aligned with strides a multiple of 8 elements");
+  if (p.lse == nullptr) throw RuntimeError("hopper backward: needs the forward's lse");
+  if (p.workspace == nullptr || p.workspace_bytes < Workspace(p).total())
+    throw RuntimeError("hopper backward: workspace smaller than its workspace function asked for");
+  switch (p.dtype) {
+    case DType::F16: return dispatch_head_dim<false>(p, ctx);
+    case DType::BF16: return dispatch_head_dim<true>(p, ctx);
+    default: throw RuntimeError(std::string("hopper backward: no variant compiled for dtype ") + dtype_name(p.dtype));
+  }
+}
+
+KernelMode make_entry() {
+  KernelMode m;
+  m.kernel = "hopper";
+  m.mode = Mode::Backward;
+  m.summary = "FlashAttention-3 style backward: TMA ring of Q/dO, wgmma for all five products, dQ added by the "
+              "copy engine (--deterministic: ordered); sm_90a; D 32/96/256 run mma";
+  m.rung = 8;
+  m.gpu = true;
+  m.min_sm = 90;
+  m.max_sm = 90;
+  m.dtypes = dtype_bit(DType::F16) | dtype_bit(DType::BF16);
+  m.head_dims = OwnHeadDims::list();
+  m.fallback_head_dims = FallbackHeadDims::list();
+  m.head_dims.insert(m.head_dims.end(), m.fallback_head_dims.begin(), m.fallback_head_dims.end());
+  std::sort(m.head_dims.begin(), m.head_dims.end());
+  m.fallback_kernel = "mma";
+  m.features = kAllFeatures & ~kFeatMask;
+  m.uses_atomics = true;  // the copy engine's reductions into the dQ accumulator
+  m.bitwise_reproducible = false;
+  m.has_deterministic_path = true;
+  m.bwd = &run;
+  m.bwd_workspace = &workspace_bytes;
+  return m;
+}
+
+}  // namespace
+}  // namespace hopper_bwd
+}  // namespace flashattn
+
+FLASHATTN_REGISTER_KERNEL_MODE(hopper_backward, flashattn::hopper_bwd::make_entry)
