@@ -31,6 +31,16 @@
 // mma kernel's backward, as --list says (D = 256 would need dK + dV alone at 256 registers per
 // consumer thread). sm_90 only; tensors 16-byte aligned, strides multiples of 8 elements.
 // Instantiations: 2 head dims x 2 dtypes x (main, convert) + 2 preprocess = 10 kernels.
+// Order inside a step (Consumer::step): S^T and dP^T issued together; P while dP^T runs; dV
+// issued before dS is formed; after the barrier dQ before dK, so dQ's store to shared memory
+// overlaps dK's product. Two dQ buffers at D128 (one at D64, where shared memory is full).
+// Measured 2026-11-26, H100 SXM (1980 MHz), bf16, every row --check'ed, PyTorch's cuDNN and flash
+// backends in the same run: B4 H16 S4096 D128 515 TFLOP/s, 0.91x cuDNN and 1.80x flash;
+// B4 H32 S4096 D64 398 TFLOP/s, 0.87x cuDNN and 1.50x flash (docs/PERF.md has the grid).
+// What limits it (Nsight Compute, B4 H16 S4096 D128): the tensor pipe busy 59 % of the cycles; the
+// two consumer warpgroups meet at a barrier every step (dQ needs both halves of dS), so their
+// exponentials and dS work coincide, and each step ends waiting for its dQ product and the
+// async-proxy fence of the dQ stores.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -112,8 +122,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) backward_kernel(const __grid_
       sm90::mbar_init(sm.full_do(s), 1);
       sm90::mbar_init(sm.empty_qdo(s), Tr::kConsumerWGs * 4);  // one arrival per consumer warp
     }
-    sm90::mbar_init(sm.dq_full(), Tr::kConsumerWGs * 128);  // every consumer thread's stores
-    sm90::mbar_init(sm.dq_empty(), 1);
+    for (int b = 0; b < Tr::kDqBuffers; ++b) {
+      sm90::mbar_init(sm.dq_full(b), Tr::kConsumerWGs * 4);  // one arrival per consumer warp
+      sm90::mbar_init(sm.dq_empty(b), 1);
+    }
     sm90::fence_barrier_init();
   }
   __syncthreads();

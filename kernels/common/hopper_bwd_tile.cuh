@@ -56,10 +56,14 @@ struct Traits {
   static constexpr int kMTiles = kBlockM / 8;   // n8 tiles of S^T per warp (columns are queries)
   static constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of dK, dV per warp
 
-  // mbarriers: K/V full; Q full, dO full and Q/dO empty per stage; dQ full and empty.
-  static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages + 2);
-  static constexpr int kSmemBytes = 1024 /* alignment slack */ + 2 * kTileKBytes + 2 * kStages * kTileQBytes +
+  // mbarriers: K/V full; Q full, dO full and Q/dO empty per stage; dQ full and empty per buffer.
+  static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages + 2 * 2);
+  static constexpr int kBaseBytes = 1024 /* alignment slack */ + 2 * kTileKBytes + 2 * kStages * kTileQBytes +
                                     2 * kStages * kStatBytes + 2 * kDsBytes + kDqBytes + kBarrierBytes;
+  // A second dQ buffer where it fits (D128: 226 KB; D64's 128-row dS buffers leave no room), so
+  // the consumers need not wait for the copy engine to have read the previous step's dQ.
+  static constexpr int kDqBuffers = kBaseBytes + kDqBytes <= 227 * 1024 ? 2 : 1;
+  static constexpr int kSmemBytes = kBaseBytes + (kDqBuffers - 1) * kDqBytes;
 
   static_assert(kHeadDim % 64 == 0, "whole 128-byte panels");
   static_assert(kDqSplitRows ? kHeadDim == 64 : (kBlockM == 64 && kHeadDim == 128),
@@ -77,7 +81,7 @@ struct Args {
   CUtensorMap tm_dk, tm_dv;  // (D, S_k, H_kv, B), boxes of (64, 64): one warpgroup's keys
   const float* lse2 = nullptr;  // [B, H, S_pad]: lse·log2 e, +inf for empty rows and rows >= S_q
   const float* dsum = nullptr;  // [B, H, S_pad]: D_i = rowsum(dO ∘ O), 0 for rows >= S_q
-  // [B, H, S_pad / kBlockM] chunks of kBlockM x D fp32 in DqPiece order; zeroed by the launch.
+  // [B, H, S_pad / kBlockM] chunks of kBlockM x D fp32 in the consumers' register order (Consumer::store_dq); zeroed by the launch.
   float* dq_accum = nullptr;
   // --deterministic: [B, H, S_pad / kBlockM] counters (zeroed by the launch), null otherwise.
   int* dq_sem = nullptr;
@@ -121,8 +125,8 @@ struct Smem {
     q = v + Tr::kTileKBytes;                     // kStages x (kBlockM, kHeadDim)
     dout = q + Tr::kStages * Tr::kTileQBytes;    // kStages x (kBlockM, kHeadDim)
     ds = dout + Tr::kStages * Tr::kTileQBytes;   // 2 x (kBlockN, kBlockM)
-    dq = ds + 2 * Tr::kDsBytes;                  // (kBlockM, kHeadDim) fp32
-    lse = dq + Tr::kDqBytes;                     // kStages x kBlockM fp32
+    dq = ds + 2 * Tr::kDsBytes;                  // kDqBuffers x (kBlockM, kHeadDim) fp32
+    lse = dq + Tr::kDqBuffers * Tr::kDqBytes;    // kStages x kBlockM fp32
     dsum = lse + Tr::kStages * Tr::kStatBytes;   // kStages x kBlockM fp32
     bars = dsum + Tr::kStages * Tr::kStatBytes;  // 8-byte mbarriers
   }
@@ -130,8 +134,12 @@ struct Smem {
   __device__ uint32_t full_q(int s) const { return bars + 8 * (1 + s); }
   __device__ uint32_t full_do(int s) const { return bars + 8 * (1 + Tr::kStages + s); }
   __device__ uint32_t empty_qdo(int s) const { return bars + 8 * (1 + 2 * Tr::kStages + s); }
-  __device__ uint32_t dq_full() const { return bars + 8 * (1 + 3 * Tr::kStages); }
-  __device__ uint32_t dq_empty() const { return bars + 8 * (2 + 3 * Tr::kStages); }
+  // dQ buffer of step t, and the parity of its t-th use.
+  __device__ int dq_slot(int t) const { return t % Tr::kDqBuffers; }
+  __device__ uint32_t dq_parity(int t) const { return (t / Tr::kDqBuffers) & 1; }
+  __device__ uint32_t dq_full(int b) const { return bars + 8 * (1 + 3 * Tr::kStages + b); }
+  __device__ uint32_t dq_empty(int b) const { return bars + 8 * (3 + 3 * Tr::kStages + b); }
+  __device__ uint32_t dq_buf(int b) const { return dq + b * Tr::kDqBytes; }
   __device__ uint32_t q_stage(int s) const { return q + s * Tr::kTileQBytes; }
   __device__ uint32_t do_stage(int s) const { return dout + s * Tr::kTileQBytes; }
   __device__ uint32_t lse_stage(int s) const { return lse + s * Tr::kStatBytes; }
@@ -188,7 +196,8 @@ __device__ __forceinline__ void write_dq(const Args& a, const Smem<Tr>& sm, cons
   for (int t = 0; t < st.total; ++t) {
     const int h = st.kv_head * a.group + st.head(t), mi = st.m_block(t);
     const int64_t chunk = (static_cast<int64_t>(st.b) * a.H + h) * chunks + mi;
-    sm90::mbar_wait(sm.dq_full(), t & 1);
+    const int slot = sm.dq_slot(t);
+    sm90::mbar_wait(sm.dq_full(slot), sm.dq_parity(t));
     int* sem = a.dq_sem != nullptr ? a.dq_sem + chunk : nullptr;
     if (sem != nullptr) {
       // Key blocks that add into Q block mi, in order: this CTA's rank among them.
@@ -202,7 +211,7 @@ __device__ __forceinline__ void write_dq(const Args& a, const Smem<Tr>& sm, cons
         if (++spins > (1ll << 25)) __trap();
       }
     }
-    sm90::bulk_reduce_add_f32(a.dq_accum + chunk * (Tr::kBlockM * Tr::kHeadDim), sm.dq, Tr::kDqBytes);
+    sm90::bulk_reduce_add_f32(a.dq_accum + chunk * (Tr::kBlockM * Tr::kHeadDim), sm.dq_buf(slot), Tr::kDqBytes);
     sm90::tma_store_commit();
     if (sem != nullptr) {
       sm90::tma_store_wait_all();
@@ -211,7 +220,7 @@ __device__ __forceinline__ void write_dq(const Args& a, const Smem<Tr>& sm, cons
     } else {
       sm90::tma_store_wait_read();
     }
-    sm90::mbar_arrive(sm.dq_empty());
+    sm90::mbar_arrive(sm.dq_empty(slot));
   }
 }
 
@@ -301,14 +310,19 @@ struct Consumer {
     }
   }
 
+  // D_i of this lane's query columns (ni·8 + 2t, + 1), read from the stage's D_i.
+  using Dsum = float2[Tr::kMTiles];
+  __device__ __forceinline__ void load_dsum(Dsum& d, int s) const {
+#pragma unroll
+    for (int ni = 0; ni < Tr::kMTiles; ++ni) d[ni] = sm90::ld_shared_f32x2(sm.dsum_stage(s) + (ni * 8 + 2 * (lane % 4)) * 4);
+  }
+
   // dS^T = P^T ∘ (dP^T − D_i), in place in dP's registers.
-  __device__ __forceinline__ void dscores(Scores& rdP, const Scores& rP, int s) const {
+  __device__ __forceinline__ void dscores(Scores& rdP, const Scores& rP, const Dsum& d) const {
 #pragma unroll
-    for (int ni = 0; ni < Tr::kMTiles; ++ni) {
-      const float2 d = sm90::ld_shared_f32x2(sm.dsum_stage(s) + (ni * 8 + 2 * (lane % 4)) * 4);
+    for (int ni = 0; ni < Tr::kMTiles; ++ni)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) rdP[ni][e] = rP[ni][e] * (rdP[ni][e] - ((e & 1) ? d.y : d.x));
-    }
+      for (int e = 0; e < 4; ++e) rdP[ni][e] = rP[ni][e] * (rdP[ni][e] - ((e & 1) ? d[ni].y : d[ni].x));
   }
 
   __device__ __forceinline__ static void pack(const Scores& x, Packed& out) {
@@ -335,15 +349,19 @@ struct Consumer {
   }
 
   // dQ piece -> the dQ buffer in register order (float4 ni of thread ctid at piece + ni·2048 +
-  // ctid·16 bytes: conflict-free 16-byte stores), published to the dQ writer.
+  // ctid·16 bytes: conflict-free 16-byte stores), published to the dQ writer, one arrival per warp.
+  // Publishing is publish_dq, later: the async-proxy fence waits for the stores to complete.
   __device__ __forceinline__ void store_dq(const float (&rdQ)[8][4], int t) const {
-    sm90::mbar_wait(sm.dq_empty(), (t & 1) ^ 1);
-    const uint32_t piece = sm.dq + cw * (64 * 64 * 4);
+    const int slot = sm.dq_slot(t);
+    sm90::mbar_wait(sm.dq_empty(slot), sm.dq_parity(t) ^ 1);
+    const uint32_t piece = sm.dq_buf(slot) + cw * (64 * 64 * 4);
 #pragma unroll
     for (int ni = 0; ni < 8; ++ni)
       sm90::st_shared_f32x4(piece + ni * 2048 + ctid * 16, rdQ[ni][0], rdQ[ni][1], rdQ[ni][2], rdQ[ni][3]);
-    sm90::fence_proxy_async();
-    sm90::mbar_arrive(sm.dq_full());
+  }
+  __device__ __forceinline__ void publish_dq(int t) const {
+    sm90::fence_proxy_async();  // each thread's stores, before the warp's arrival publishes them
+    release(sm.dq_full(sm.dq_slot(t)));
   }
 
   __device__ __forceinline__ void release(uint32_t bar) const {
@@ -374,30 +392,38 @@ struct Consumer {
     sm90::wgmma_fence();
     issue_grad(rdV, rP, sm.do_stage(s));  // dV_j += P^T dO_i   (while dP may still run)
     sm90::wgmma_commit();
+    Dsum dsum;
+    // D_i read before the wait for dP, which the loads cannot cross, so their latency hides behind
+    // it; at D64 (32 registers of D_i) there is no room, and they follow it.
+    if constexpr (Tr::kMTiles <= 8) load_dsum(dsum, s);
     sm90::wgmma_wait<1>();
     sm90::fence_regs(rdP);
-    dscores(rdP, rS, s);
+    if constexpr (Tr::kMTiles > 8) load_dsum(dsum, s);
+    dscores(rdP, rS, dsum);
     Packed rdS;
     pack(rdP, rdS);
     const uint32_t ds_tile = sm.ds_buf(t);
     store_ds(rdS, ds_tile);
     sm90::fence_proxy_async();
-    sm90::wgmma_fence();
-    issue_grad(rdK, rdS, sm.q_stage(s));  // dK_j += dS^T Q_i
-    sm90::wgmma_commit();
     sm90::named_sync(/*id=*/1, /*threads=*/256);  // both warpgroups' dS^T rows are in shared memory
     float rdQ[8][4];
     sm90::wgmma_fence();
     issue_dq(rdQ, ds_tile);  // dQ_i (piece) = dS K_j
     sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
+    issue_grad(rdK, rdS, sm.q_stage(s));  // dK_j += dS^T Q_i
+    sm90::wgmma_commit();
+    // dQ first: its store to the dQ buffer overlaps dK's product, and by the time dK has landed
+    // the stores have too, so the fence that publishes them costs little.
+    sm90::wgmma_wait<1>();
     sm90::fence_regs(rdQ);
+    store_dq(rdQ, t);
+    sm90::wgmma_wait<0>();
     sm90::fence_regs(rdK);
     sm90::fence_regs(rdV);
     sm90::fence_regs(rP);
     sm90::fence_regs(rdS);
+    publish_dq(t);
     release(sm.empty_qdo(s));
-    store_dq(rdQ, t);
   }
 
   // dK (x scale) and dV -> 16-bit -> this warpgroup's staging tiles (the Q/dO ring, idle now) ->
