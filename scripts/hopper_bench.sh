@@ -9,6 +9,7 @@
 #   scripts/hopper_bench.sh                        # every stage (about 8 minutes once built)
 #   HOPPER_STAGES="tests sweep" scripts/hopper_bench.sh
 #   HOPPER_VARIANTS="default grid=tiles" ...       # which kernel variants the sweep runs
+#   HOPPER_PRESET=scripts/presets/hopper_bwd.json ... # the backward's grid (D 64/128, bf16) instead
 #
 # Stages: sass, tests, sweep (one JSON Lines file per variant), peers, table. A variant is
 # "default" or NAME=VALUE for FLASHATTN_HOPPER_NAME (schedule=serial: the step-1 schedule, D128
@@ -22,7 +23,7 @@ build=${FLASHATTN_BUILD_DIR:-$root/build-gpu}
 out=${HOPPER_OUT:-$root/results/hopper}
 stages=" ${HOPPER_STAGES:-sass tests sweep peers table} "
 variants=${HOPPER_VARIANTS:-default}
-preset="$root/scripts/presets/hopper_fwd.json"
+preset=${HOPPER_PRESET:-$root/scripts/presets/hopper_fwd.json}
 PY=${PYTHON:-python3}
 export NCCL_NVLS_ENABLE=0
 source "$root/scripts/lib.sh"

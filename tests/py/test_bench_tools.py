@@ -55,6 +55,14 @@ def test_dry_run_lists_the_fa_grid_as_a_preset_file(tmp_path):
 
 
 @needs_build
+@pytest.mark.parametrize("preset", sorted(p.name for p in (SCRIPTS / "presets").glob("*.json")))
+def test_every_shipped_preset_expands(preset):
+    grid = json.loads(flashattn("--sweep", SCRIPTS / "presets" / preset, "--dry-run", check=0).stdout)
+    assert grid["points"], preset
+    assert all(pt["B"] > 0 and pt["S_q"] > 0 and pt["D"] > 0 for pt in grid["points"])
+
+
+@needs_build
 def test_peers_expands_the_same_grids_as_flashattn(tiny):
     import peers
     for spec, cli, args in (("fa-grid", {}, []), (str(tiny), {"dtype": "bf16", "mode": "backward"},
