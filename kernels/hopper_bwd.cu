@@ -44,12 +44,12 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "common/head_dims.h"
+#include "common/hopper_entry.h"
 #include "common/hopper_bwd_tile.cuh"
 #include "common/layout_checks.h"
 #include "common/sm90.cuh"
@@ -302,22 +302,9 @@ void run(const BwdParams& p, const LaunchContext& ctx) {
 }
 
 KernelMode make_entry() {
-  KernelMode m;
-  m.kernel = "hopper";
-  m.mode = Mode::Backward;
+  KernelMode m = sm90::hopper_entry(Mode::Backward, OwnHeadDims::list(), FallbackHeadDims::list());
   m.summary = "FlashAttention-3 style backward: TMA ring of Q/dO, wgmma for all five products, dQ added by the "
               "copy engine (--deterministic: ordered); sm_90a; D 32/96/256 run mma";
-  m.rung = 8;
-  m.gpu = true;
-  m.min_sm = 90;
-  m.max_sm = 90;
-  m.dtypes = dtype_bit(DType::F16) | dtype_bit(DType::BF16);
-  m.head_dims = OwnHeadDims::list();
-  m.fallback_head_dims = FallbackHeadDims::list();
-  m.head_dims.insert(m.head_dims.end(), m.fallback_head_dims.begin(), m.fallback_head_dims.end());
-  std::sort(m.head_dims.begin(), m.head_dims.end());
-  m.fallback_kernel = "mma";
-  m.features = kAllFeatures & ~kFeatMask;
   m.uses_atomics = true;  // the copy engine's reductions into the dQ accumulator
   m.bitwise_reproducible = false;
   m.has_deterministic_path = true;

@@ -53,6 +53,7 @@
 #include <string>
 
 #include "common/head_dims.h"
+#include "common/hopper_entry.h"
 #include "common/hopper_fwd_tile.cuh"
 #include "common/layout_checks.h"
 #include "common/sm90.cuh"
@@ -288,22 +289,9 @@ void run(const FwdParams& p, const LaunchContext& ctx) {
 }
 
 KernelMode make_entry() {
-  KernelMode m;
-  m.kernel = "hopper";
-  m.mode = Mode::Forward;
+  KernelMode m = sm90::hopper_entry(Mode::Forward, OwnHeadDims::list(), FallbackHeadDims::list());
   m.summary = "FlashAttention-3 style forward: TMA + mbarrier ring, wgmma (P from registers), producer/consumer "
               "warpgroups with setmaxnreg; sm_90a; D 32/96 run mma";
-  m.rung = 8;
-  m.gpu = true;
-  m.min_sm = 90;
-  m.max_sm = 90;  // sm_90a code runs on compute capability 9.0 only
-  m.dtypes = dtype_bit(DType::F16) | dtype_bit(DType::BF16);
-  m.head_dims = OwnHeadDims::list();
-  m.fallback_head_dims = FallbackHeadDims::list();
-  m.head_dims.insert(m.head_dims.end(), m.fallback_head_dims.begin(), m.fallback_head_dims.end());
-  std::sort(m.head_dims.begin(), m.head_dims.end());
-  m.fallback_kernel = "mma";
-  m.features = kAllFeatures & ~kFeatMask;
   m.uses_atomics = false;
   m.fwd = &run;
   m.fwd_workspace = &workspace_bytes;

@@ -43,22 +43,17 @@ body = []
 for n in sorted(set(Ns_ss + Ns_rs + Ns_mn)):
     nr = n // 2
     body.append("template <> struct Wgmma<%d, BF> {" % n)
-    if n in Ns_ss:
-        body.append('''  __device__ __forceinline__ static void ss(float (&d)[%d][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    # ss (both operands K-major) and ss_mn (both MN-major) differ only in the transpose flags.
+    for name, sizes, trans in (("ss", Ns_ss, "0, 0"), ("ss_mn", Ns_mn, "1, 1")):
+        if n not in sizes:
+            continue
+        body.append('''  __device__ __forceinline__ static void %s(float (&d)[%d][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
     asm volatile(
         "{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n%dk16.f32." TY "." TY " {%s}, %%%d, %%%d, p, 1, 1, 0, 0;\\n}\\n"
+        "wgmma.mma_async.sync.aligned.m64n%dk16.f32." TY "." TY " {%s}, %%%d, %%%d, p, 1, 1, %s;\\n}\\n"
         : %s
         : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-  }''' % (n // 8, nr + 2, n, regs(n), nr, nr + 1, ops(n).lstrip()))
-    if n in Ns_mn:
-        body.append('''  __device__ __forceinline__ static void ss_mn(float (&d)[%d][4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    asm volatile(
-        "{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%d, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n%dk16.f32." TY "." TY " {%s}, %%%d, %%%d, p, 1, 1, 1, 1;\\n}\\n"
-        : %s
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-  }''' % (n // 8, nr + 2, n, regs(n), nr, nr + 1, ops(n).lstrip()))
+  }''' % (name, n // 8, nr + 2, n, regs(n), nr, nr + 1, trans, ops(n).lstrip()))
     if n in Ns_rs:
         body.append('''  __device__ __forceinline__ static void rs(float (&d)[%d][4], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
     asm volatile(
