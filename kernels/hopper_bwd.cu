@@ -48,6 +48,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/bwd_row_stats.cuh"
 #include "common/head_dims.h"
 #include "common/hopper_entry.h"
 #include "common/hopper_bwd_tile.cuh"
@@ -84,25 +85,14 @@ __global__ void __launch_bounds__(4 * kPreRows) preprocess_kernel(const PreArgs 
   if (i < a.S_q) {
     const T* o_row = static_cast<const T*>(a.o) + b * a.o_st.batch + h * a.o_st.head + i * a.o_st.row;
     const T* do_row = static_cast<const T*>(a.dout) + b * a.do_st.batch + h * a.do_st.head + i * a.do_st.row;
-    for (int c = part; c < a.D / 8; c += 4) {
-      const uint4 ov = *reinterpret_cast<const uint4*>(o_row + 8 * c);
-      const uint4 dv = *reinterpret_cast<const uint4*>(do_row + 8 * c);
-      const T* oe = reinterpret_cast<const T*>(&ov);
-      const T* de = reinterpret_cast<const T*>(&dv);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc += static_cast<float>(oe[e]) * static_cast<float>(de[e]);
-    }
+    add_row_dot_part</*kLanes=*/4>(acc, o_row, do_row, a.D, part);
   }
   acc += __shfl_xor_sync(0xffffffffu, acc, 1);
   acc += __shfl_xor_sync(0xffffffffu, acc, 2);
   if (part == 0 && i < a.S_pad) {
     const int64_t r = (static_cast<int64_t>(b) * a.H + h) * a.S_pad + i;
-    float l = INFINITY;  // rows past S_q and empty rows: P = exp2(s - inf) = 0
-    if (i < a.S_q) {
-      const float lse = a.lse[(static_cast<int64_t>(b) * a.H + h) * a.S_q + i];
-      if (lse != -INFINITY) l = lse * 1.4426950408889634f;
-    }
-    a.lse2[r] = l;
+    // Rows past S_q get +inf too: P = exp2(s - inf) = 0.
+    a.lse2[r] = i < a.S_q ? lse_log2_units(a.lse[(static_cast<int64_t>(b) * a.H + h) * a.S_q + i]) : INFINITY;
     a.dsum[r] = i < a.S_q ? acc : 0.f;
   }
 }
@@ -156,9 +146,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) backward_kernel(const __grid_
 template <class Tr, class T>
 __global__ void __launch_bounds__(256) convert_dq_kernel(const Args a, T* dq, Strides dq_st) {
   const int mi = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int chunks = a.S_pad / Tr::kBlockM;
   const float4* src = reinterpret_cast<const float4*>(
-      a.dq_accum + ((static_cast<int64_t>(b) * a.H + h) * chunks + mi) * (Tr::kBlockM * Tr::kHeadDim));
+      a.dq_accum + dq_chunk(a, b, h, mi, a.S_pad / Tr::kBlockM) * (Tr::kBlockM * Tr::kHeadDim));
   T* out = dq + b * dq_st.batch + h * dq_st.head;
   for (int q = threadIdx.x; q < Tr::kBlockM * Tr::kHeadDim / 4; q += blockDim.x) {
     const float4 x = src[q];

@@ -81,7 +81,8 @@ struct Args {
   CUtensorMap tm_dk, tm_dv;  // (D, S_k, H_kv, B), boxes of (64, 64): one warpgroup's keys
   const float* lse2 = nullptr;  // [B, H, S_pad]: lse·log2 e, +inf for empty rows and rows >= S_q
   const float* dsum = nullptr;  // [B, H, S_pad]: D_i = rowsum(dO ∘ O), 0 for rows >= S_q
-  // [B, H, S_pad / kBlockM] chunks of kBlockM x D fp32 in the consumers' register order (Consumer::store_dq); zeroed by the launch.
+  // [B, H, S_pad / kBlockM] chunks of kBlockM x D fp32 (dq_chunk) in the consumers' register order
+  // (Consumer::store_dq); zeroed by the launch.
   float* dq_accum = nullptr;
   // --deterministic: [B, H, S_pad / kBlockM] counters (zeroed by the launch), null otherwise.
   int* dq_sem = nullptr;
@@ -147,10 +148,14 @@ struct Smem {
   __device__ uint32_t ds_buf(int t) const { return ds + (t & 1) * Tr::kDsBytes; }
 };
 
-// Where the stats and dQ of step t live in the workspace.
-template <class Tr>
-__device__ __forceinline__ int64_t row_base(const Args& a, int b, int h) {
+// Places in the workspace for (batch b, query head h): the first of its S_pad rows of lse·log2 e
+// and D_i, and the index of Q block mi's dQ chunk (and its deterministic counter).
+__device__ __forceinline__ int64_t stats_row(const Args& a, int b, int h) {
   return (static_cast<int64_t>(b) * a.H + h) * a.S_pad;
+}
+// chunks = S_pad / kBlockM, the Q blocks per (batch, head).
+__device__ __forceinline__ int64_t dq_chunk(const Args& a, int b, int h, int mi, int chunks) {
+  return (static_cast<int64_t>(b) * a.H + h) * chunks + mi;
 }
 
 // The producer: one thread issues every copy. K and V once; then per step Q with lse·log2 e and
@@ -169,7 +174,7 @@ __device__ __forceinline__ void produce(const Args& a, const Smem<Tr>& sm, const
     const int s = t % Tr::kStages;
     const uint32_t phase = (t / Tr::kStages) & 1;
     const int h = st.kv_head * a.group + st.head(t), m0 = st.m_block(t) * Tr::kBlockM;
-    const int64_t rows = row_base<Tr>(a, st.b, h) + m0;
+    const int64_t rows = stats_row(a, st.b, h) + m0;
     sm90::mbar_wait(sm.empty_qdo(s), phase ^ 1);
     sm90::mbar_arrive_expect_tx(sm.full_q(s), Tr::kTileQBytes + Tr::kStatBytes);
 #pragma unroll
@@ -195,7 +200,7 @@ __device__ __forceinline__ void write_dq(const Args& a, const Smem<Tr>& sm, cons
   const int chunks = a.S_pad / Tr::kBlockM;
   for (int t = 0; t < st.total; ++t) {
     const int h = st.kv_head * a.group + st.head(t), mi = st.m_block(t);
-    const int64_t chunk = (static_cast<int64_t>(st.b) * a.H + h) * chunks + mi;
+    const int64_t chunk = dq_chunk(a, st.b, h, mi, chunks);
     const int slot = sm.dq_slot(t);
     sm90::mbar_wait(sm.dq_full(slot), sm.dq_parity(t));
     int* sem = a.dq_sem != nullptr ? a.dq_sem + chunk : nullptr;
@@ -341,8 +346,7 @@ struct Consumer {
       const int row = cw * 64 + warp * 16 + r * 8 + lane / 4;
 #pragma unroll
       for (int ni = 0; ni < Tr::kMTiles; ++ni) {
-        const uint32_t addr = ds_tile + (ni / 8) * Tr::kDsPanelBytes + row * 128 + (((ni % 8) ^ (row % 8)) << 4) +
-                              4 * (lane % 4);
+        const uint32_t addr = ds_tile + (ni / 8) * Tr::kDsPanelBytes + sm90::swizzled_offset(row, ni % 8, lane % 4);
         sm90::st_shared_32(addr, rdS[ni][r]);
       }
     }
@@ -437,7 +441,7 @@ struct Consumer {
       const int row = warp * 16 + r * 8 + lane / 4;
 #pragma unroll
       for (int di = 0; di < Tr::kDTiles; ++di) {
-        const uint32_t off = (di / 8) * kOutPanel + row * 128 + (((di % 8) ^ (row % 8)) << 4) + 4 * (lane % 4);
+        const uint32_t off = (di / 8) * kOutPanel + sm90::swizzled_offset(row, di % 8, lane % 4);
         sm90::st_shared_32(dk_tile + off, mma::pack2<T>(rdK[di][2 * r] * a.scale, rdK[di][2 * r + 1] * a.scale));
         sm90::st_shared_32(dv_tile + off, mma::pack2<T>(rdV[di][2 * r], rdV[di][2 * r + 1]));
       }

@@ -464,7 +464,7 @@ struct Consumer {
       for (int di = 0; di < Tr::kDTiles; ++di) {
         // Column 8*di + 2t: panel di/8, 16-byte chunk di%8 (swizzled by the row), word t.
         const uint32_t addr =
-            o_base + (di / 8) * Tr::kPanelBytesQ + row * 128 + (((di % 8) ^ (row % 8)) << 4) + 4 * (lane % 4);
+            o_base + (di / 8) * Tr::kPanelBytesQ + sm90::swizzled_offset(row, di % 8, lane % 4);
         sm90::st_shared_32(addr, mma::pack2<T>(rO[0][di][2 * r], rO[0][di][2 * r + 1]));
       }
     }

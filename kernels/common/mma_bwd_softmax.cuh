@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/bwd_row_stats.cuh"
 #include "common/key_blocks.cuh"
 #include "common/mask.cuh"
 #include "common/math_constants.h"
@@ -85,7 +86,7 @@ __device__ __forceinline__ void load_row_stat(float (&v)[MT][2], const float* ro
       float x = is_lse ? INFINITY : 0.f;
       if (i0 + di < S_q) {
         x = rows[row0 + di];
-        if (is_lse) x = x == -INFINITY ? INFINITY : x * kLog2e;
+        if (is_lse) x = lse_log2_units(x);
       }
       v[mt][half] = x;
     }

@@ -141,6 +141,13 @@ __device__ __forceinline__ void red_release_gpu_add(int* p, int v) {
 // visible to the async proxy first (each writing thread, before the barrier that publishes them).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// Byte offset, inside a 128-byte-swizzled panel (see the top of this file), of 32-bit word `word`
+// of 16-byte chunk `chunk` of row `row`: what a thread writing its accumulator pair (columns
+// 8·chunk + 2·word, + 1) into a tile that TMA or wgmma reads next stores to.
+__device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk, int word) {
+  return row * 128 + ((chunk ^ (row % 8)) << 4) + 4 * word;
+}
+
 // ---- wgmma ----------------------------------------------------------------------------------------
 
 // Orders earlier register writes (accumulators, A fragments) before the wgmma that reads them.
