@@ -7,6 +7,7 @@
 #   scripts/sanitize.sh                        # build (or reuse $FLASHATTN_BUILD_DIR) and run all
 #   SANITIZE_KERNELS="fa2 tiled" scripts/sanitize.sh
 #   SANITIZE_TOOLS="memcheck initcheck" SANITIZE_JOBS=2 scripts/sanitize.sh
+#   SANITIZE_EXTRA=--deterministic SANITIZE_OUT=results/sanitize-det scripts/sanitize.sh   # options added to every run
 #
 # The matrix (the kernel's dtypes and features decide what applies; D = its smallest declared head
 # dim that it runs itself, not through a fallback kernel, or 40 for kernels that take any; "+64"
@@ -87,8 +88,8 @@ mkdir -p "$out/logs" "$out/data"
 : >"$out/results.tsv"
 
 # Options that only some builds have: turn the noise rule off so one repetition is one repetition.
-extra=""
-"$build/flashattn" --help 2>/dev/null | grep -q -- '--max-noise' && extra="--max-noise 0"
+extra="${SANITIZE_EXTRA:-}"
+"$build/flashattn" --help 2>/dev/null | grep -q -- '--max-noise' && extra="$extra --max-noise 0"
 
 # ---- the job list -------------------------------------------------------------------------------
 # kernel mode dtypes(comma) D64(0/1) Dmin features(comma), one line per GPU kernel x mode.
