@@ -348,6 +348,7 @@ KernelMode make_entry() {
   m.head_dims = KernelHeadDims::list();
   m.features = kAllFeatures;
   m.uses_atomics = true;            // dQ: fp32 atomicAdd, order varies run to run
+  m.partial_outputs = true;  // a ring over several GPUs may merge its blocks (registry.h)
   m.bitwise_reproducible = false;  // the order of the dQ atomics varies run to run
   m.has_deterministic_path = true;  // params.deterministic: the dQ kernel, no atomics
   m.bwd = &run;

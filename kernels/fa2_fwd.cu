@@ -212,6 +212,7 @@ KernelMode make_entry() {
   m.head_dims = KernelHeadDims::list();
   m.features = kAllFeatures;
   m.uses_atomics = false;
+  m.partial_outputs = true;  // a ring over several GPUs may merge its blocks (registry.h)
   m.fwd = &run;
   m.fwd_workspace = nullptr;
   return m;

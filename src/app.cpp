@@ -17,6 +17,7 @@
 #include "dataset.h"
 #include "io_guard.h"
 #include "decode_app.h"
+#include "device_info.h"
 #include "flashattn/error.h"
 #include "flashattn/registry.h"
 #include "harness.h"
@@ -25,6 +26,7 @@
 #include "random.h"
 #include "ceilings.h"
 #include "report.h"
+#include "ring.h"
 #include "run.h"
 #include "sweep.h"
 
@@ -424,6 +426,7 @@ int run_forward_backward(const AppOptions& opt) {
 
   SessionOptions so;
   so.device = dev.device;
+  so.devices = opt.devices;
   so.timing = timing_options(opt);
   so.cpu_timing.warmup = std::min(opt.timing.warmup, 1);
   so.cpu_timing.repeat = std::min(opt.timing.repeat, 3);
@@ -481,6 +484,19 @@ int run_forward_backward(const AppOptions& opt) {
   return exit_code(all_runs.any_failed, all_runs.any_check_failed);
 }
 
+// --devices: a ring needs NCCL in this build and the listed GPUs present; decode does not shard.
+void check_devices(const AppOptions& opt) {
+  if (opt.mode == RunMode::Decode) throw InputError("--devices: not with --mode decode (a ring shards forward and backward runs)");
+  const std::string why = ring_unavailable();
+  if (!why.empty()) throw InputError("--devices: " + why);
+  std::string no_gpu;
+  const int count = cuda_device_count(&no_gpu);
+  for (int id : opt.devices)
+    if (id >= count)
+      throw InputError("--devices: GPU " + std::to_string(id) + " does not exist (" +
+                       (count == 0 ? no_gpu : std::to_string(count) + " present") + ")");
+}
+
 }  // namespace
 
 int run_app(const AppOptions& opt) {
@@ -488,6 +504,7 @@ int run_app(const AppOptions& opt) {
   for (const auto& [path, what] : {std::pair{opt.data, "--data"}, std::pair{opt.out, "--out"},
                                    std::pair{opt.json, "--json"}, std::pair{opt.sweep, "--sweep"}})
     check_utf8_path(path, what);
+  if (!opt.devices.empty()) check_devices(opt);
   if (opt.mode == RunMode::Decode) return run_decode(opt);
   // Decode's own options mean nothing to forward/backward runs and sweeps: refused, not ignored.
   const std::pair<bool, const char*> decode_only[] = {{opt.decode.splits != 0, "--splits"},

@@ -55,6 +55,7 @@ std::string list_kernels(bool as_json) {
                      {"uses_atomics", e->uses_atomics},
                      {"bitwise_reproducible", e->bitwise_reproducible},
                      {"deterministic_path", e->has_deterministic_path},
+                     {"partial_outputs", e->partial_outputs},
                      {"compiled_archs", e->compiled_archs}});
     }
     return arr.dump(2) + "\n";
@@ -78,6 +79,7 @@ std::string list_kernels(bool as_json) {
       notes += e->bitwise_reproducible ? " (reproducible)"
                                        : e->has_deterministic_path ? " (--deterministic: reproducible)" : " (not reproducible)";
     }
+    if (e->partial_outputs) notes += std::string(notes.empty() ? "" : "; ") + "ring (--devices)";
     out += fmt::format("{:<8} {:<8} {:<4} {:<20} {:<16} {:<50} {}\n", e->kernel, mode_name(e->mode),
                        e->gpu ? std::to_string(e->min_sm) : "-", dt, dims_of(*e), ft, notes);
   }

@@ -101,7 +101,12 @@ int main(int argc, char** argv) {
   app.add_option("--seed", opt.seed, "Seed for generated inputs (dO) and row sampling")
       ->capture_default_str()
       ->check(kUnsigned64);
-  app.add_option("--device", opt.device, "CUDA device index")->capture_default_str()->check(int_range(0, 1023));
+  auto* device_opt =
+      app.add_option("--device", opt.device, "CUDA device index")->capture_default_str()->check(int_range(0, 1023));
+  app.add_option("--devices", words.devices,
+                 "Run GPU kernels as a ring over these GPUs (I,J[,...]): the sequence sharded across them, K/V "
+                 "passed around by NCCL")
+      ->excludes(device_opt);
   app.add_option("--threads", opt.threads, "Threads for the cpu kernel and the reference (0 = all)")
       ->capture_default_str()
       ->check(int_range(0, 4096));

@@ -1,5 +1,6 @@
 #include "options.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "flashattn/error.h"
@@ -86,6 +87,26 @@ Layout parse_layout_option(const std::string& s) {
   throw InputError("--layout: '" + s + "' is not bhsd or bshd");
 }
 
+std::vector<int> parse_devices(const std::string& s) {
+  std::vector<int> ids;
+  size_t begin = 0;
+  while (true) {
+    const size_t comma = s.find(',', begin);
+    const std::string item = s.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
+    const bool digits = !item.empty() && item.size() <= 4 && item.find_first_not_of("0123456789") == std::string::npos;
+    const int id = digits ? std::stoi(item) : -1;
+    if (!digits || id > 1023)
+      throw InputError("--devices: '" + item + "' in '" + s + "' is not a device index (0..1023)");
+    if (std::find(ids.begin(), ids.end(), id) != ids.end())
+      throw InputError("--devices: device " + item + " is listed twice in '" + s + "'");
+    ids.push_back(id);
+    if (comma == std::string::npos) break;
+    begin = comma + 1;
+  }
+  if (ids.size() < 2) throw InputError("--devices: '" + s + "' names one GPU; a ring needs two or more (one GPU: --device)");
+  return ids;
+}
+
 void type_options(const OptionWords& words, AppOptions* opt) {
   // A sweep without --mode takes each point's modes from its preset.
   opt->mode.reset();
@@ -93,6 +114,10 @@ void type_options(const OptionWords& words, AppOptions* opt) {
   if (!words.window.empty()) opt->window = parse_window(words.window);
   opt->dtype = parse_dtype_choice(words.dtype);
   if (!words.layout.empty()) opt->layout = parse_layout_option(words.layout);
+  if (!words.devices.empty()) {
+    opt->devices = parse_devices(words.devices);
+    opt->device = opt->devices.front();
+  }
 
   if (opt->timing.warmup < 0) throw InputError("--warmup: must be >= 0");
   if (opt->timing.repeat < 1) throw InputError("--repeat: must be >= 1");

@@ -71,6 +71,9 @@ struct AppOptions {
   bool no_write = false;
   uint64_t seed = 0;
   int device = 0;
+  // --devices 0,1: GPU kernels run as a ring over these GPUs (two or more, distinct), the first
+  // one's stream timing the run; empty: one GPU (--device).
+  std::vector<int> devices;
   int threads = 0;
   bool deterministic = false;
   bool allow_nonfinite = false;  // run even when an input holds NaN or Inf (else exit 2)
@@ -84,7 +87,7 @@ struct AppOptions {
 struct OptionWords {
   std::string mode = "forward";
   bool mode_given = false;
-  std::string window, dtype, layout;
+  std::string window, dtype, layout, devices;
 };
 
 // Types the words into `opt` and checks what every workload shares (ranges, conflicts); throws
@@ -96,5 +99,6 @@ RunMode parse_run_mode(const std::string& s);            // forward | backward |
 Window parse_window(const std::string& s);               // LEFT,RIGHT, integers >= -1
 DtypeChoice parse_dtype_choice(const std::string& s);    // "" | auto | NAME[,NAME...]
 Layout parse_layout_option(const std::string& s);        // bhsd | bshd
+std::vector<int> parse_devices(const std::string& s);    // I,J[,K...]: two or more distinct indices
 
 }  // namespace flashattn

@@ -162,6 +162,25 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
                  {"device_used_bytes", r.memory.device_used_bytes >= 0 ? json(r.memory.device_used_bytes)
                                                                          : json(nullptr)}};
   j["check"] = check_json(r.check);
+  if (r.ring) {
+    const RingRecord& g = *r.ring;
+    auto opt_num = [](double x) { return x >= 0 ? num(x) : json(nullptr); };
+    json per_gpu = json::array();
+    for (size_t i = 0; i < g.devices.size(); ++i)
+      per_gpu.push_back({{"device", g.devices[i]},
+                         {"tflops", i < g.tflops_per_gpu.size() ? num(g.tflops_per_gpu[i]) : json(nullptr)},
+                         {"waiting_ms", i < g.waiting_ms.size() ? num(g.waiting_ms[i]) : json(nullptr)}});
+    j["ring"] = {{"devices", g.devices},
+                 {"sharding", "zig-zag"},
+                 {"per_gpu", per_gpu},
+                 {"profiled_ms", num(g.profiled_ms)},
+                 {"exposed_comm_ms", num(g.exposed_comm_ms)},
+                 {"one_gpu_median_ms", opt_num(g.one_gpu_median_ms)},
+                 {"one_gpu_skipped", g.one_gpu_skipped},
+                 {"scaling_efficiency", opt_num(g.scaling_efficiency)},
+                 {"max_abs_vs_one_gpu", opt_num(g.max_abs_vs_one_gpu)},
+                 {"bitwise_vs_one_gpu", g.bitwise_vs_one_gpu}};
+  }
   j["notes"] = r.notes;
   return j;
 }

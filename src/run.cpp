@@ -18,6 +18,7 @@
 #include "nvtx.h"
 #include "gpu_context.h"
 #include "params_build.h"
+#include "ring.h"
 
 namespace flashattn {
 
@@ -62,6 +63,7 @@ struct Session::Impl {
   cudaStream_t stream = nullptr;
   std::unique_ptr<CublasHandle> cublas;  // for the kernels that use cuBLAS, created on first use
   std::unique_ptr<GpuTimer> timer;
+  std::unique_ptr<Ring> ring;  // runs over several GPUs, created on first use
   size_t free_at_start = 0;
 
   // Device copies of the inputs (uploaded on first GPU use).
@@ -356,6 +358,67 @@ struct Session::Impl {
     return r;
   }
 
+  // ---- several GPUs -----------------------------------------------------------------------------
+  bool on_ring(const KernelMode& e) const { return e.gpu && opt.devices.size() > 1; }
+
+  // The ring run (ring.h): checked run with poisoned outputs, the timed loop on the first
+  // device's stream (every GPU's work lies between its events), one profiled repetition; then
+  // the same kernel on the first GPU alone for the scaling efficiency and the comparison.
+  GpuRun run_ring(const KernelMode& e, bool timed, RingRecord* info, double* one_gpu_ms) {
+    if (!ring) ring = std::make_unique<Ring>(opt.devices);
+    if (generated()) ensure_uploaded(e.kernel);  // made on the first GPU (fast), then downloaded once
+    ensure_host_inputs();
+    ring->prepare(e, in, opt.deterministic);
+    ring->poison_outputs();
+    CUDA_CHECK(cudaSetDevice(opt.device));
+    {
+      NvtxRange range("check");
+      ring->enqueue(stream, false);
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+    GpuRun r;
+    r.out = ring->gather();
+    CUDA_CHECK(cudaSetDevice(opt.device));
+    if (timed) r.timing = timed_run([&] { ring->enqueue(stream, opt.timing.flush_l2); }, r);
+    r.mem.peak_bytes = ring->bytes_per_device();
+    info->devices = ring->devices();
+    if (timed) {
+      const RingProfile prof = ring->profile(stream);
+      CUDA_CHECK(cudaSetDevice(opt.device));
+      info->profiled_ms = prof.total_ms;
+      info->waiting_ms = prof.waiting_ms;
+      info->exposed_comm_ms = prof.exposed_comm_ms;
+      for (double f : ring->flops_per_device())
+        info->tflops_per_gpu.push_back(r.timing.median_ms > 0 ? f / (r.timing.median_ms * 1e-3) / 1e12 : 0);
+    }
+    *one_gpu_ms = -1;
+    try {
+      GpuRun one = run_gpu(e, timed);
+      if (timed) *one_gpu_ms = one.timing.median_ms;
+      compare_outputs(r.out, one.out, info);
+    } catch (const InputError& x) {
+      info->one_gpu_skipped = x.what();
+    }
+    return r;
+  }
+
+  static void compare_outputs(const KernelOutputs& a, const KernelOutputs& b, RingRecord* info) {
+    double worst = 0;
+    bool same = true;
+    auto one = [&](const std::optional<HostArray>& x, const std::optional<HostArray>& y) {
+      if (!x || !y) return;
+      same = same && x->bytes == y->bytes;
+      for (int64_t i = 0; i < x->numel(); ++i) {
+        const double u = element_as_double(*x, i), v = element_as_double(*y, i);
+        if (u == v) continue;  // equal infinities (an empty row's lse) included
+        worst = std::max(worst, std::isfinite(u - v) ? std::fabs(u - v) : std::numeric_limits<double>::infinity());
+      }
+    };
+    one(a.o, b.o), one(a.lse, b.lse), one(a.dq, b.dq), one(a.dk, b.dk), one(a.dv, b.dv);
+    info->max_abs_vs_one_gpu = worst;
+    info->bitwise_vs_one_gpu = same;
+  }
+
   // ---- validation -------------------------------------------------------------------------------
   RefInputs ref_inputs(bool backward) {
     ensure_host_inputs();
@@ -461,6 +524,38 @@ const DeviceInfo* Session::device() const { return impl_->dev ? &*impl_->dev : n
 const RunInputs& Session::inputs() const { return impl_->in; }
 const SessionOptions& Session::options() const { return impl_->opt; }
 
+namespace {
+
+// The console's line for a ring run: per-GPU throughput, what the transfers cost, the scaling.
+std::string ring_note(const RingRecord& g, double median_ms) {
+  std::string ids, tf;
+  for (size_t i = 0; i < g.devices.size(); ++i) {
+    ids += (i ? "," : "") + std::to_string(g.devices[i]);
+    char b[32];
+    std::snprintf(b, sizeof b, "%s%.0f", i ? ", " : "", i < g.tflops_per_gpu.size() ? g.tflops_per_gpu[i] : 0.0);
+    tf += b;
+  }
+  char buf[400];
+  std::snprintf(buf, sizeof buf, "ring over GPUs %s (zig-zag): TFLOP/s per GPU %s; transfers not hidden %.3f ms of %.3f",
+                ids.c_str(), tf.c_str(), g.exposed_comm_ms, g.profiled_ms);
+  std::string s = buf;
+  if (g.one_gpu_median_ms > 0) {
+    std::snprintf(buf, sizeof buf, "; one GPU %.4g ms, scaling efficiency %.3f (%.4g / (%zu x %.4g))", g.one_gpu_median_ms,
+                  g.scaling_efficiency, g.one_gpu_median_ms, g.devices.size(), median_ms);
+    s += buf;
+  } else if (!g.one_gpu_skipped.empty()) {
+    s += "; one GPU not run: " + g.one_gpu_skipped;
+  }
+  if (g.max_abs_vs_one_gpu >= 0) {
+    std::snprintf(buf, sizeof buf, "; outputs vs one GPU: %s (max abs %.3g)",
+                  g.bitwise_vs_one_gpu ? "bitwise identical" : "differ", g.max_abs_vs_one_gpu);
+    s += buf;
+  }
+  return s;
+}
+
+}  // namespace
+
 RunRecord Session::run(const KernelMode& e) {
   Impl& s = *impl_;
   const Problem& p = s.in.problem;
@@ -478,7 +573,25 @@ RunRecord Session::run(const KernelMode& e) {
   rec.flops = e.mode == Mode::Forward ? forward_flops(p, seqlens) : backward_flops(p, seqlens);
   rec.bytes = min_bytes_moved(p, e.mode, s.in.mask.has_value(), s.in.seqlens_k.has_value());
 
-  if (e.gpu) {
+  if (s.on_ring(e)) {
+    const std::string why_ring = why_ring_unsupported(e, p, static_cast<int>(s.opt.devices.size()));
+    if (!why_ring.empty()) throw InputError(why_ring);
+    NvtxRange range("ring " + nvtx_name(e, p));
+    RingRecord info;
+    double one_gpu_ms = -1;
+    Impl::GpuRun r = s.run_ring(e, /*timed=*/true, &info, &one_gpu_ms);
+    rec.outputs = std::move(r.out);
+    rec.timing = std::move(r.timing);
+    rec.memory = r.mem;
+    rec.sm_clock_start_mhz = r.clock_start;
+    rec.sm_clock_end_mhz = r.clock_end;
+    info.one_gpu_median_ms = one_gpu_ms;
+    if (one_gpu_ms > 0 && rec.timing.median_ms > 0)
+      info.scaling_efficiency = one_gpu_ms / (double(info.devices.size()) * rec.timing.median_ms);
+    rec.notes.push_back(ring_note(info, rec.timing.median_ms));
+    rec.ring = std::move(info);
+    add_timing_notes(rec);
+  } else if (e.gpu) {
     NvtxRange range(nvtx_name(e, p));
     Impl::GpuRun r = s.run_gpu(e, /*timed=*/true);
     rec.outputs = std::move(r.out);
@@ -504,7 +617,9 @@ RunRecord Session::run(const KernelMode& e) {
     rec.gbps = rec.bytes / sec / 1e9;
     if (e.gpu && s.dev) {
       const double peak = peak_tflops_for(*s.dev, dtype_name(p.dtype));
-      if (peak > 0) rec.peak_fraction = rec.tflops / peak;
+      // A ring's TFLOP/s are every GPU's together: its fraction is of their peaks together.
+      const double gpus = rec.ring ? double(rec.ring->devices.size()) : 1.0;
+      if (peak > 0) rec.peak_fraction = rec.tflops / (peak * gpus);
     }
   }
   return rec;

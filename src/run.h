@@ -33,6 +33,8 @@ struct RunInputs {
 
 struct SessionOptions {
   int device = -1;  // CUDA device index; -1: no GPU (only host kernels can run)
+  // Two or more: GPU kernels run as a ring over these devices (ring.h), device = devices[0].
+  std::vector<int> devices;
   TimingOptions timing;
   TimingOptions cpu_timing;  // for host kernels (fewer repetitions by default)
   bool check = false;
@@ -49,6 +51,26 @@ struct MemoryStats {
   size_t extra_bytes = 0;      // memory beyond inputs and outputs: workspace (+ lse in forward)
   size_t peak_bytes = 0;       // inputs + outputs + extra, held at once during the run
   long long device_used_bytes = -1;  // cudaMemGetInfo growth since the session started (GPU only)
+};
+
+// What a run over several GPUs (a ring, ring.h) adds to its record.
+struct RingRecord {
+  std::vector<int> devices;            // in ring order
+  std::vector<double> tflops_per_gpu;  // each GPU's blocks' FLOPs / the ring's median time
+  // One profiled repetition after the timed ones (events on every stream): its length, and per
+  // GPU the time its compute stream waited for a transfer; the largest of those is the
+  // communication the compute did not hide.
+  double profiled_ms = 0;
+  std::vector<double> waiting_ms;
+  double exposed_comm_ms = 0;
+  // The same kernel on devices[0] alone, same inputs, timed the same way (-1: not run, and why).
+  double one_gpu_median_ms = -1;
+  std::string one_gpu_skipped;
+  double scaling_efficiency = -1;  // one_gpu_median / (N x ring median)
+  // The ring's outputs against the one-GPU run's: largest absolute difference over every output
+  // element (lse included), and whether they are identical bit for bit.
+  double max_abs_vs_one_gpu = -1;
+  bool bitwise_vs_one_gpu = false;
 };
 
 // What became of one (kernel, mode) of a run. The report and the JSON spell it status_name().
@@ -75,6 +97,7 @@ struct RunRecord {
   KernelOutputs outputs;
   int sm_clock_start_mhz = -1, sm_clock_end_mhz = -1;
   std::vector<std::string> notes;
+  std::optional<RingRecord> ring;  // set for a run over several GPUs
   // The compute dtype of this run where a session mixes dtypes (--dtype auto); else the
   // problem's.
   std::optional<DType> dtype;

@@ -141,6 +141,7 @@ std::vector<RunRecord> run_point(const SweepPoint& pt, const Problem& prob, Swee
   const AppOptions& opt = cx->opt;
   SessionOptions so;
   so.device = cx->dev.device;
+  so.devices = opt.devices;
   so.timing = cx->timing;
   so.cpu_timing = cx->timing;
   so.cpu_timing.warmup = std::min(cx->timing.warmup, 1);

@@ -69,6 +69,11 @@ struct KernelMode {
   bool bitwise_reproducible = true;     // by default, the same outputs bit for bit run after run
   bool has_deterministic_path = false;  // honours FwdParams::deterministic (then reproducible)
   bool uses_cublas = false;     // needs LaunchContext::cublas (the driver creates the handle)
+  // The partial-output contract a ring over several GPUs (src/ring.h) builds on: the forward
+  // computes any block (Q and K/V given by pointer and strides, S_q != S_k, causal only where the
+  // block is square) and writes its O and lse; the backward takes O and lse from elsewhere (the
+  // ring's merged ones) and writes the block's dQ, dK, dV.
+  bool partial_outputs = false;
   // Head dims (within head_dims) the kernel hands to another registered kernel, which --list and
   // the run's notes name: the kernel has no variant of its own for them.
   std::vector<int> fallback_head_dims;

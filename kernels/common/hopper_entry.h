@@ -21,6 +21,7 @@ inline KernelMode hopper_entry(Mode mode, std::vector<int> own, std::vector<int>
   m.gpu = true;
   m.min_sm = 90;
   m.max_sm = 90;  // sm_90a code runs on compute capability 9.0 only
+  m.partial_outputs = true;  // a ring over several GPUs may merge its blocks (registry.h)
   m.dtypes = dtype_bit(DType::F16) | dtype_bit(DType::BF16);
   m.head_dims = std::move(own);
   m.fallback_head_dims = std::move(fallback);

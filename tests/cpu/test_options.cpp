@@ -74,3 +74,23 @@ TEST(Options, SharedChecksRunOnce) {
 
 }  // namespace
 }  // namespace flashattn
+
+namespace flashattn {
+namespace {
+
+TEST(Options, DevicesTakeTwoOrMoreDistinctIndices) {
+  EXPECT_EQ(parse_devices("0,1"), (std::vector<int>{0, 1}));
+  EXPECT_EQ(parse_devices("3,1,2"), (std::vector<int>{3, 1, 2}));
+  for (const char* bad : {"0", "", "0,", ",1", "0,0", "0,x", "0,1.5", "-1,0", "0,1024", "0, 1", "+1,0"}) {
+    std::string what;
+    try {
+      parse_devices(bad);
+    } catch (const InputError& e) {
+      what = e.what();
+    }
+    EXPECT_NE(what.find("--devices"), std::string::npos) << "'" << bad << "' was accepted";
+  }
+}
+
+}  // namespace
+}  // namespace flashattn

@@ -1,0 +1,79 @@
+// Context-parallel (ring) attention over several GPUs of one process, through NCCL: the sequence
+// is sharded zig-zag across the GPUs (ring_plan.h), each keeps its query shard, and the K/V shards
+// travel around the ring (ncclSend/ncclRecv on a communication stream per GPU, double-buffered, so
+// the next shard arrives while the current one is computed). Any registered kernel that declares
+// `partial_outputs` computes the blocks:
+//   forward   each step's block gives O_p and lse_p, merged into an fp32 running result
+//             (ring_ops.h); the last merge rounds O to the dtype.
+//   backward  each step's block runs the kernel's backward against the merged O and lse; dQ
+//             accumulates locally in fp32, dK/dV accumulators (fp32) travel with their K/V shard
+//             and take one more hop home after the last step.
+// The Session (run.h) drives it: a run with several devices goes through a Ring instead of one
+// GPU, and is checked and timed like any other run.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "flashattn/registry.h"
+#include "problem.h"
+#include "run.h"
+
+namespace flashattn {
+
+// "" when this build can run on several GPUs (it found NCCL), else why not.
+std::string ring_unavailable();
+
+// "" when `e` can run `p` as a ring over `n_devices` GPUs, else a one-line reason (the kernel does
+// not declare partial outputs, a feature the ring does not carry: an additive mask, a window,
+// S_q != S_k).
+std::string why_ring_unsupported(const KernelMode& e, const Problem& p, int n_devices);
+
+// What one instrumented repetition of a ring run saw, from events on every GPU's streams.
+struct RingProfile {
+  std::vector<double> compute_ms;  // per GPU: its compute stream's time from start to its last block
+  std::vector<double> waiting_ms;  // per GPU: time its compute stream waited for a transfer
+  double total_ms = 0;             // start to the last GPU's end
+  double exposed_comm_ms = 0;      // max over GPUs of waiting_ms: communication not hidden
+};
+
+class Ring {
+ public:
+  // Devices in ring order (rank i = devices[i]); creates the streams and the communicator (one
+  // per device, ncclCommInitAll) and sets NCCL_NVLS_ENABLE=0 in the process environment first.
+  explicit Ring(std::vector<int> devices);
+  ~Ring();
+  Ring(const Ring&) = delete;
+  Ring& operator=(const Ring&) = delete;
+
+  int size() const;
+  const std::vector<int>& devices() const;
+
+  // Uploads the shards of `in` (host inputs in the problem's layout) for kernel `e` (its forward
+  // or backward entry) and allocates every buffer; a backward also runs the ring forward once
+  // (not timed) for O and lse. InputError when a device lacks the memory.
+  void prepare(const KernelMode& e, const RunInputs& in, bool deterministic);
+  // Sets the outputs to NaN (every dtype's all-ones pattern), so an element not written fails.
+  void poison_outputs();
+  // Enqueues one repetition behind `start` (an event the caller recorded on the first device's
+  // stream `stream0`), and makes `stream0` wait for its end: every GPU's work lies between the
+  // events the caller records on `stream0`. `flush` also leaves every other GPU's L2 clean first.
+  void enqueue(cudaStream_t stream0, bool flush);
+  // The outputs gathered from every shard, in the problem's layout (O and lse, or dQ, dK, dV).
+  KernelOutputs gather() const;
+  // One repetition with timing events on every stream (after the timed loop).
+  RingProfile profile(cudaStream_t stream0);
+  // Attention FLOPs each GPU computes (the blocks its steps run), in the problem's counting.
+  std::vector<double> flops_per_device() const;
+  // Device bytes the ring holds per GPU (shards, buffers, workspace), the largest over the GPUs.
+  size_t bytes_per_device() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace flashattn

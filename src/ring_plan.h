@@ -1,0 +1,89 @@
+// Context-parallel (ring) attention: which sequence positions each GPU holds and which block of
+// the score matrix it computes at each ring step. Pure host arithmetic, shared by the ring driver
+// (ring.cpp) and its tests.
+//
+// Sharding (zig-zag, for causal balance; the same layout serves the non-causal case): the
+// sequence is cut into 2N chunks of c = ceil(S / 2N) positions (the last ones shorter, or empty,
+// when 2N does not divide S); rank r holds chunks r and 2N-1-r, in that order, for Q, K, V, dO and
+// every output. Under a causal mask the early chunk sees few keys and the late one many, so every
+// rank has the same work.
+//
+// Step s of the ring (s = 0 .. N-1): rank r holds the K/V shard of rank src = (r - s) mod N and
+// computes one block of scores against it:
+//   non-causal                  all local queries x all of src's keys
+//   causal, src == r            all x all with the causal mask (the local order is the global
+//                               order restricted to the two chunks, so the mask is the plain one)
+//   causal, src <  r            all local queries x src's first chunk, unmasked (src's second
+//                               chunk lies after both of r's chunks)
+//   causal, src >  r            r's second chunk x all of src's keys, unmasked (r's first chunk
+//                               lies before both of src's chunks)
+// so each (query, key) pair the mask allows is computed exactly once over the N steps.
+#pragma once
+
+#include <algorithm>
+
+namespace flashattn {
+
+struct RingShard {
+  int chunk = 0;                // c: positions per chunk
+  int begin_a = 0, len_a = 0;   // chunk r: global positions [begin_a, begin_a + len_a)
+  int begin_b = 0, len_b = 0;   // chunk 2N-1-r
+  int len() const { return len_a + len_b; }
+  // Global position of local row `row` (< len()).
+  int global(int row) const { return row < len_a ? begin_a + row : begin_b + (row - len_a); }
+};
+
+inline RingShard ring_shard(int S, int N, int rank) {
+  RingShard s;
+  s.chunk = (S + 2 * N - 1) / (2 * N);
+  auto clip = [&](int chunk_index, int* begin, int* len) {
+    *begin = std::min(S, chunk_index * s.chunk);
+    *len = std::min(S, *begin + s.chunk) - *begin;
+  };
+  clip(rank, &s.begin_a, &s.len_a);
+  clip(2 * N - 1 - rank, &s.begin_b, &s.len_b);
+  return s;
+}
+
+// One block of a ring step: local query rows [q_row0, q_row0 + q_rows) of the rank's shard
+// against local key rows [k_row0, k_row0 + k_rows) of the source's shard.
+struct RingCall {
+  bool skip = true;   // nothing to compute (an empty shard)
+  bool causal = false;
+  int q_row0 = 0, q_rows = 0;
+  int k_row0 = 0, k_rows = 0;
+};
+
+inline RingCall ring_call(int S, int N, int rank, int src, bool causal) {
+  const RingShard q = ring_shard(S, N, rank), kv = ring_shard(S, N, src);
+  RingCall c;
+  c.q_rows = q.len();
+  c.k_rows = kv.len();
+  if (causal) {
+    if (src == rank) {
+      c.causal = true;
+    } else if (src < rank) {
+      c.k_rows = kv.len_a;
+    } else {
+      c.q_row0 = q.len_a;
+      c.q_rows = q.len_b;
+    }
+  }
+  c.skip = c.q_rows == 0 || c.k_rows == 0;
+  return c;
+}
+
+// Keys of the shard's local rows [k_row0, k_row0 + k_rows) that lie below the global key length
+// L (key padding). They are always a prefix of the range: the shard's chunks are in global order.
+inline int ring_local_seqlen(const RingShard& kv, int k_row0, int k_rows, int L) {
+  int n = 0;
+  for (int part = 0; part < 2; ++part) {
+    const int lo = part == 0 ? 0 : kv.len_a, hi = part == 0 ? kv.len_a : kv.len();
+    const int begin = part == 0 ? kv.begin_a : kv.begin_b;
+    const int a = std::max(lo, k_row0), b = std::min(hi, k_row0 + k_rows);
+    if (b > a) n += std::clamp(L - (begin + (a - lo)), 0, b - a);
+  }
+  return n;
+}
+
+}  // namespace flashattn

@@ -1,0 +1,83 @@
+// The ring's sharding and step plan (src/ring_plan.h): every (query, key) pair the mask allows is
+// computed exactly once over all ranks and steps, the zig-zag gives every rank the same work
+// under a causal mask, and key padding reaches each block as a prefix of its keys.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "ring_plan.h"
+
+namespace flashattn {
+namespace {
+
+TEST(RingPlan, ShardsCoverTheSequenceOnce) {
+  for (int N : {2, 3, 4, 8})
+    for (int S : {1, 2, 3, 7, 16, 17, 100, 1023, 1024}) {
+      std::vector<int> seen(S, 0);
+      for (int r = 0; r < N; ++r) {
+        const RingShard s = ring_shard(S, N, r);
+        for (int i = 0; i < s.len(); ++i) ++seen[s.global(i)];
+        if (s.len_a && s.len_b) {
+          EXPECT_LE(s.begin_a + s.len_a, s.begin_b);  // chunks in global order
+        }
+      }
+      for (int p = 0; p < S; ++p) EXPECT_EQ(seen[p], 1) << "S=" << S << " N=" << N << " position " << p;
+    }
+}
+
+TEST(RingPlan, EveryVisiblePairOnceAndNoOther) {
+  for (bool causal : {false, true})
+    for (int N : {2, 3, 4})
+      for (int S : {1, 5, 17, 64, 100}) {
+        std::vector<int> count(size_t(S) * S, 0);
+        for (int r = 0; r < N; ++r)
+          for (int s = 0; s < N; ++s) {
+            const int src = ((r - s) % N + N) % N;
+            const RingCall c = ring_call(S, N, r, src, causal);
+            if (c.skip) continue;
+            const RingShard q = ring_shard(S, N, r), kv = ring_shard(S, N, src);
+            if (c.causal) {
+              EXPECT_EQ(c.q_rows, c.k_rows);  // causal blocks are square (the local diagonal)
+            }
+            for (int i = 0; i < c.q_rows; ++i)
+              for (int j = 0; j < c.k_rows; ++j) {
+                if (c.causal && j > i) continue;
+                ++count[size_t(q.global(c.q_row0 + i)) * S + kv.global(c.k_row0 + j)];
+              }
+          }
+        for (int i = 0; i < S; ++i)
+          for (int j = 0; j < S; ++j)
+            EXPECT_EQ(count[size_t(i) * S + j], causal && j > i ? 0 : 1)
+                << "causal=" << causal << " N=" << N << " S=" << S << " query " << i << " key " << j;
+      }
+}
+
+TEST(RingPlan, CausalZigZagBalancesTheWork) {
+  const int S = 4096;
+  for (int N : {2, 4, 8}) {
+    std::vector<long long> work(N, 0);
+    for (int r = 0; r < N; ++r)
+      for (int s = 0; s < N; ++s) {
+        const RingCall c = ring_call(S, N, r, ((r - s) % N + N) % N, true);
+        if (!c.skip) work[r] += c.causal ? (long long)c.q_rows * (c.q_rows + 1) / 2 : (long long)c.q_rows * c.k_rows;
+      }
+    for (int r = 1; r < N; ++r) EXPECT_EQ(work[r], work[0]) << "N=" << N << " rank " << r;
+  }
+}
+
+TEST(RingPlan, KeyPaddingIsAPrefixOfEachBlock) {
+  for (int N : {2, 3})
+    for (int S : {17, 64})
+      for (int L = 0; L <= S; ++L)
+        for (int src = 0; src < N; ++src)
+          for (int r = 0; r < N; ++r) {
+            const RingCall c = ring_call(S, N, r, src, true);
+            const RingShard kv = ring_shard(S, N, src);
+            const int n = ring_local_seqlen(kv, c.k_row0, c.k_rows, L);
+            for (int j = 0; j < c.k_rows; ++j)
+              EXPECT_EQ(j < n, kv.global(c.k_row0 + j) < L) << "S=" << S << " N=" << N << " L=" << L << " key " << j;
+          }
+}
+
+}  // namespace
+}  // namespace flashattn

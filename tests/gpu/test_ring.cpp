@@ -1,0 +1,125 @@
+// Rings over two GPUs (src/ring.h): every kernel that declares partial outputs, forward and
+// backward, causal (zig-zag) and not, GQA, key padding (with an empty and a short sequence), and
+// lengths that 2N does not divide, checked against the fp64 reference like one-GPU runs, and
+// compared with the same kernel on one GPU. Skipped (with the reason) where fewer than two GPUs
+// are present or the build has no NCCL.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "device_info.h"
+#include "flashattn/registry.h"
+#include "flashattn/device_fill.h"
+#include "ring.h"
+#include "run.h"
+
+namespace flashattn {
+namespace {
+
+struct RingShape {
+  int B, H, H_kv, S;
+  bool causal;
+  bool padding;
+  const char* tag;
+};
+
+const RingShape kShapes[] = {
+    {2, 4, 4, 256, false, false, "s256"},
+    {1, 4, 4, 301, true, false, "s301_causal"},  // 2N = 4 does not divide S
+    {2, 8, 2, 257, true, false, "gqa8_2_s257_causal"},
+    {3, 2, 2, 200, true, true, "padding_causal"},
+    {1, 2, 2, 3, true, false, "s3_causal"},  // shards with empty chunks
+};
+
+struct RingCase {
+  const KernelMode* entry;
+  DType dtype;
+  int D;
+};
+
+std::vector<RingCase> ring_cases() {
+  std::vector<RingCase> v;
+  for (const KernelMode* e : Registry::entries()) {
+    if (!e->gpu || !e->partial_outputs || e->mode == Mode::Decode) continue;
+    const DType t = (e->dtypes & dtype_bit(DType::BF16)) ? DType::BF16 : DType::F32;
+    for (int D : {64, 128})
+      if (e->head_dims.empty() || std::count(e->head_dims.begin(), e->head_dims.end(), D)) v.push_back({e, t, D});
+  }
+  return v;
+}
+
+std::string skip_reason() {
+  const std::string why = ring_unavailable();
+  if (!why.empty()) return why;
+  std::string no_gpu;
+  const int n = cuda_device_count(&no_gpu);
+  if (n < 2) return "a ring needs two GPUs, " + std::to_string(n) + " present";
+  return "";
+}
+
+HostArray normal(DType t, std::vector<int64_t> shape, uint64_t stream) {
+  HostArray a(t, std::move(shape));
+  fill_normal_host(a.bytes.data(), t, a.numel(), /*seed=*/7, stream);
+  return a;
+}
+
+class RingMatrix : public testing::TestWithParam<RingCase> {};
+
+TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
+  const std::string skip = skip_reason();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  const RingCase& c = GetParam();
+  if (!why_gpu_unsupported(*c.entry, query_device(0).sm()).empty()) GTEST_SKIP() << why_gpu_unsupported(*c.entry, query_device(0).sm());
+  for (const RingShape& s : kShapes) {
+    SCOPED_TRACE(s.tag);
+    RunInputs in;
+    Problem& p = in.problem;
+    p.dims = {s.B, s.H, s.H_kv, s.S, s.S, c.D};
+    p.dtype = c.dtype;
+    p.scale = 1.0 / std::sqrt(double(c.D));
+    p.causal = s.causal;
+    in.q = normal(c.dtype, {s.B, s.H, s.S, c.D}, 1);
+    in.k = normal(c.dtype, {s.B, s.H_kv, s.S, c.D}, 2);
+    in.v = normal(c.dtype, {s.B, s.H_kv, s.S, c.D}, 3);
+    in.dout = normal(c.dtype, {s.B, s.H, s.S, c.D}, 4);
+    if (s.padding) {
+      HostArray lens(DType::I32, {s.B});
+      for (int b = 0; b < s.B; ++b) lens.data<int32_t>()[b] = b == 0 ? 0 : (b == 1 ? s.S / 3 + 1 : s.S);
+      in.seqlens_k = lens;
+      p.has_padding = true;
+    }
+    if (!why_unsupported(*c.entry, p, query_device(0).sm()).empty()) continue;  // a feature it lacks
+    SessionOptions so;
+    so.device = 0;
+    so.devices = {0, 1};
+    so.timing.warmup = 0;
+    so.timing.repeat = 1;
+    so.timing.flush_l2 = false;
+    so.check = true;
+    Session session(std::move(in), so);
+    const RunRecord r = session.run(*c.entry);
+    ASSERT_TRUE(r.ring.has_value());
+    ASSERT_TRUE(r.check.performed);
+    for (const OutputCheck& o : r.check.outputs)
+      EXPECT_TRUE(o.passed) << o.name << ": " << o.metric << " " << o.measured << " vs tolerance " << o.tolerance
+                            << " [" << o.rule << "], nonfinite " << o.err.nonfinite << ", max_abs " << o.err.max_abs;
+    EXPECT_TRUE(r.ring->one_gpu_skipped.empty()) << r.ring->one_gpu_skipped;
+    EXPECT_GE(r.ring->max_abs_vs_one_gpu, 0.0);
+    std::printf("  [ring %s %s D%d %s] vs one GPU: %s, max abs %.3g; scaling efficiency %.3f\n", c.entry->kernel.c_str(),
+                mode_name(c.entry->mode), c.D, s.tag, r.ring->bitwise_vs_one_gpu ? "bitwise" : "differs",
+                r.ring->max_abs_vs_one_gpu, r.ring->scaling_efficiency);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, RingMatrix, testing::ValuesIn(ring_cases()),
+                         [](const testing::TestParamInfo<RingCase>& i) {
+                           return i.param.entry->kernel + "_" + mode_name(i.param.entry->mode) + "_" +
+                                  dtype_name(i.param.dtype) + "_D" + std::to_string(i.param.D);
+                         });
+
+}  // namespace
+}  // namespace flashattn
