@@ -1,0 +1,71 @@
+"""scripts/ring_model.py: the kernel-rate fit, the ring's step model and the tables it prints."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import ring_model as m  # noqa: E402
+
+
+def ring_run(S, causal, ms, one_ms, tflops, passed=True, mode="forward"):
+    return {"kernel": "hopper", "mode": mode, "status": "ok", "dtype": "bf16",
+            "shape": {"B": 1, "H": 32, "H_kv": 32, "S_q": S, "S_k": S, "D": 128},
+            "flags": {"causal": causal}, "timing": {"median_ms": ms}, "check": {"passed": passed},
+            "ring": {"devices": [0, 1], "one_gpu_median_ms": one_ms, "scaling_efficiency": one_ms / (2 * ms),
+                     "per_gpu": [{"device": 0, "tflops": tflops}, {"device": 1, "tflops": tflops}]}}
+
+
+def test_rate_fit_recovers_a_saturating_curve():
+    r_max, p_half = 700.0, 3e8
+    pts = [(p, r_max * p / (p + p_half)) for p in (1e8, 1e9, 1e10)]
+    fit = m.Rate(pts)
+    assert fit.r_max == pytest.approx(r_max, rel=1e-9)
+    assert fit.p_half == pytest.approx(p_half, rel=1e-9)
+    flat = m.Rate([(1e9, 500.0), (4e9, 450.0)])  # falling rates: kept flat at the best
+    assert flat.r_max == 500.0 and flat.p_half == 0.0
+
+
+def test_pairs_counts_causal_like_flashattn():
+    assert m.pairs(4, 4, False) == 16
+    assert m.pairs(4, 4, True) == 10
+    assert m.pairs(2, 4, True) == 3 + 4  # bottom-right aligned: two more keys for each row
+    assert m.pairs(4, 2, True) == 3
+
+
+def test_transfers_bound_small_blocks_and_efficiency_grows_with_S():
+    rate = m.Rate([(1e9, 600.0)])
+    effs = [m.predict(rate, "forward", False, 8, S, 1, 32, 32, 128, "bf16", 360, 20, 3000)[2]
+            for S in (8192, 65536, 1 << 20)]
+    assert effs[0] < effs[1] < effs[2] <= 1.0
+    # A slower link cannot make a ring faster.
+    fast = m.predict(rate, "backward", True, 4, 65536, 1, 32, 8, 128, "bf16", 360, 20, 3000)[0]
+    slow = m.predict(rate, "backward", True, 4, 65536, 1, 32, 8, 128, "bf16", 36, 20, 3000)[0]
+    assert slow > fast
+
+
+def test_cli_prints_the_measured_rings_and_ignores_failed_checks(tmp_path):
+    runs = [ring_run(16384, False, 4.0, 6.0, 540.0), ring_run(32768, False, 15.5, 28.0, 565.0),
+            ring_run(32768, True, 9.0, 14.0, 500.0, passed=False)]
+    f = tmp_path / "r.jsonl"
+    f.write_text(json.dumps({"device": {"peak": {"dram_gbps": 3350}}, "runs": runs}) + "\n")
+    out = tmp_path / "pred.json"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "ring_model.py"), str(f), "--N", "2,4", "--S",
+                        "32768,131072", "--json", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "| forward | B1 H32 S32768 D128 | 2 |" in r.stdout
+    assert "causal" not in r.stdout.split("Predicted")[0]  # the failed run is not used
+    pred = json.loads(out.read_text())
+    assert len(pred["predictions"]) == 4 and len(pred["checks"]) == 2
+    assert all(0 < p["efficiency"] <= 1.0 for p in pred["predictions"])
+
+
+def test_the_shipped_measurement_loads():
+    f = ROOT / "docs" / "results" / "ring_2gpu_forward.jsonl"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "ring_model.py"), str(f), "--N", "2", "--S", "32768"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "Measured rings against the model" in r.stdout
