@@ -175,6 +175,7 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
                  {"per_gpu", per_gpu},
                  {"profiled_ms", num(g.profiled_ms)},
                  {"exposed_comm_ms", num(g.exposed_comm_ms)},
+                 {"link_gbps", num(g.link_gbps)},
                  {"one_gpu_median_ms", opt_num(g.one_gpu_median_ms)},
                  {"one_gpu_skipped", g.one_gpu_skipped},
                  {"scaling_efficiency", opt_num(g.scaling_efficiency)},

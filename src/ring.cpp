@@ -90,31 +90,37 @@ cudaEvent_t make_event(bool timing) {
 }  // namespace
 
 struct Ring::Impl {
-  struct Step {
-    int src = 0;  // whose K/V shard this step computes against
+  // The block a rank computes against source `src`'s K/V shard (the same whichever step it falls
+  // on), and its keys below each batch element's length.
+  struct Block {
     RingCall call;
-    DeviceBuffer seqlens;  // int32 [B]: the block's keys below each batch element's length
+    DeviceBuffer seqlens;  // int32 [B]; empty without key padding
   };
   struct Dev {
     int id = -1, rank = 0;
-    cudaStream_t compute = nullptr, comm = nullptr;
+    // compute: the kernels; comm: NCCL; merge: the element-wise work around them (merges,
+    // accumulations), off the kernels' stream so it runs under the next block.
+    cudaStream_t compute = nullptr, comm = nullptr, merge = nullptr;
     ncclComm_t nccl = nullptr;
     std::optional<DeviceInfo> info;
     LaunchContext ctx;
     std::unique_ptr<L2Flusher> flusher;  // ranks > 0 (rank 0's is the caller's timer)
     RingShard shard;
-    std::vector<Step> steps;
+    std::vector<Block> blocks;  // by source rank
     // Inputs: Q, dO [B, H, len, D]; the own K/V shard and two receive buffers, each K then V
     // ([B, H_kv, len_src, D] each), sized for the longest shard.
     DeviceBuffer q, dout, kv_own, kv[2];
-    // Forward: the running result (fp32), one block's partial result, the outputs.
-    DeviceBuffer o_acc, lse, o_part, lse_part, o;
-    // Backward: lse of the second chunk's rows (contiguous), dQ's accumulator, one block's
+    // Forward: the running result (fp32), two blocks' partial results (one being merged while
+    // the next is computed), the outputs.
+    DeviceBuffer o_acc, lse, o_part[2], lse_part[2], o;
+    // Backward: lse of the second chunk's rows (contiguous), dQ's accumulator, two blocks'
     // gradients (dQ; dK then dV), the travelling dK/dV accumulators (fp32, dK then dV), outputs.
-    DeviceBuffer lse_b, dq_acc, dq_part, dkv_part, acc[2], dq, dkv;
+    DeviceBuffer lse_b, dq_acc, dq_part[2], dkv_part[2], acc[2], dq, dkv;
     DeviceBuffer ws;
     size_t ws_bytes = 0;
-    std::vector<cudaEvent_t> computed, kv_arrived, acc_arrived;  // per step
+    // Per step: its block computed, merged (or accumulated), its K/V arrived, its dK/dV
+    // accumulators sent on (and the next step's arrived).
+    std::vector<cudaEvent_t> computed, merged, kv_arrived, acc_arrived;
     cudaEvent_t done = nullptr;
   };
 
@@ -133,17 +139,34 @@ struct Ring::Impl {
   size_t es() const { return dtype_size(prob.dtype); }
   int next(int r) const { return (r + 1) % n(); }
   int prev(int r) const { return (r + n() - 1) % n(); }
-  int src_of(int r, int s) const { return ((r - s) % n() + n()) % n(); }
   int64_t q_elems(int len) const { return int64_t(dims().B) * dims().H * len * dims().D; }
   int64_t kv_elems(int len) const { return int64_t(dims().B) * dims().H_kv * len * dims().D; }
   int shard_len(int rank) const { return ring_shard(dims().S_q, n(), rank).len(); }
 
-  void use(const Dev& d) const { CUDA_CHECK(cudaSetDevice(d.id)); }
+  // ---- the order of the steps -----------------------------------------------------------------
+  // Forward: the own shard first (no wait), then the shards of r-1, r-2, ... as they arrive.
+  // Backward: the own shard last, so each dK/dV accumulator ends its trip at its owner, having
+  // taken in the owner's block last: no hop after the last step (the forward's order would end
+  // with every accumulator one hop from home, a transfer nothing overlaps). The price is the
+  // first step's K/V, which has to arrive before anything starts (half the bytes of that hop).
+  // Step -1 stands for "before the first step": its shard is the own one.
+  int src_of(int r, int s) const {
+    const int shift = backward ? s + 1 : s;
+    return ((r - shift) % n() + n()) % n();
+  }
+  // The K/V buffer step s computes from: the own shard, or the receive buffer it arrived in.
+  bool own_step(int s) const { return s < 0 || (backward ? s == n() - 1 : s == 0); }
+  const DeviceBuffer& kv_buffer(const Dev& d, int s) const {
+    if (own_step(s)) return d.kv_own;
+    return d.kv[(backward ? s : s - 1) & 1];
+  }
 
   // ---- one block ------------------------------------------------------------------------------
-  FwdParams block_params(const Dev& d, const Step& st) const {
-    const RingCall& c = st.call;
-    const int len = d.shard.len(), len_src = shard_len(st.src);
+  FwdParams block_params(const Dev& d, int s, int part) const {
+    const int src = src_of(d.rank, s);
+    const Block& blk = d.blocks[src];
+    const RingCall& c = blk.call;
+    const int len = d.shard.len(), len_src = shard_len(src);
     const int D = dims().D;
     FwdParams f = forward_params(prob);
     f.layout = Layout::BHSD;
@@ -152,16 +175,16 @@ struct Ring::Impl {
     f.window_left = -1;
     f.window_right = c.causal ? 0 : -1;
     f.mask = MaskView{};
-    f.seqlens_k = static_cast<const int32_t*>(st.seqlens.get());
-    const char* kv = static_cast<const char*>(kv_for(d, st).get());
+    f.seqlens_k = static_cast<const int32_t*>(blk.seqlens.get());
+    const char* kv = static_cast<const char*>(kv_buffer(d, s).get());
     f.q = at(d.q, int64_t(c.q_row0) * D * es());
     f.q_st = packed(dims().H, len, D);
     f.k = kv + int64_t(c.k_row0) * D * es();
     f.v = kv + (kv_elems(len_src) + int64_t(c.k_row0) * D) * es();
     f.k_st = f.v_st = packed(dims().H_kv, len_src, D);
-    f.o = d.o_part.get();
+    f.o = d.o_part[part].get();
     f.o_st = packed(dims().H, c.q_rows, D);
-    f.lse = d.lse_part.get();
+    f.lse = d.lse_part[part].get();
     f.workspace = d.ws.get();
     f.workspace_bytes = d.ws_bytes;
     f.num_sms = d.info->sm_count;
@@ -169,63 +192,102 @@ struct Ring::Impl {
     return f;
   }
 
-  BwdParams block_bwd_params(const Dev& d, const Step& st) const {
-    const RingCall& c = st.call;
+  BwdParams block_bwd_params(const Dev& d, int s, int part) const {
+    const RingCall& c = d.blocks[src_of(d.rank, s)].call;
     const int D = dims().D;
     BwdParams b;
-    static_cast<FwdParams&>(b) = block_params(d, st);
+    static_cast<FwdParams&>(b) = block_params(d, s, part);
     b.o = at(d.o, int64_t(c.q_row0) * D * es());
     b.o_st = b.q_st;
     b.lse = c.q_row0 == 0 ? d.lse.get() : d.lse_b.get();
     b.dout = at(d.dout, int64_t(c.q_row0) * D * es());
     b.do_st = b.q_st;
-    b.dq = d.dq_part.get();
+    b.dq = d.dq_part[part].get();
     b.dq_st = packed(dims().H, c.q_rows, D);
-    b.dk = d.dkv_part.get();
-    b.dv = at(d.dkv_part, kv_elems(c.k_rows) * int64_t(es()));
+    b.dk = d.dkv_part[part].get();
+    b.dv = at(d.dkv_part[part], kv_elems(c.k_rows) * int64_t(es()));
     b.dk_st = b.dv_st = packed(dims().H_kv, c.k_rows, D);
     return b;
-  }
-
-  // Step s computes against the own shard (s = 0) or the buffer its K/V arrived in.
-  const DeviceBuffer& kv_for(const Dev& d, const Step& st) const {
-    const int s = static_cast<int>(&st - d.steps.data());
-    return s == 0 ? d.kv_own : d.kv[(s - 1) & 1];
   }
 
   size_t kv_bytes_of(int rank) const { return 2 * kv_elems(shard_len(rank)) * es(); }
   size_t acc_bytes_of(int rank) const { return 2 * kv_elems(shard_len(rank)) * sizeof(float); }
 
+  struct Timeline {  // profile(): timing events, per device
+    std::vector<cudaEvent_t> begin, end;
+    std::vector<std::vector<cudaEvent_t>> wait_in, wait_out;  // waits for a transfer
+    std::vector<std::vector<cudaEvent_t>> comm_in, comm_out;  // around each transfer
+    std::vector<std::vector<double>> comm_bytes;              // received by each transfer
+  };
+
+  void use(const Dev& d) const { CUDA_CHECK(cudaSetDevice(d.id)); }
+
   // ---- transfers ------------------------------------------------------------------------------
-  // Every rank sends `send(r)` (bytes_of(src) bytes) to the next rank and receives from the
-  // previous one into `recv(r)`: one NCCL group over all devices (one thread drives them all).
+  // Every rank sends `send(r)` (the buffer of the block it used at step s: bytes_of(src) bytes)
+  // to the next rank and receives from the previous one into `recv(r)`: one NCCL group over all
+  // devices (one thread drives them all).
   template <class SendBuf, class RecvBuf, class Bytes>
-  void ring_shift(int s, SendBuf send, RecvBuf recv, Bytes bytes_of) {
+  void ring_shift(int s, SendBuf send, RecvBuf recv, Bytes bytes_of, Timeline* tl) {
+    if (tl)
+      for (Dev& d : devs) {
+        use(d);
+        tl->comm_in[d.rank].push_back(make_event(true));
+        CUDA_CHECK(cudaEventRecord(tl->comm_in[d.rank].back(), d.comm));
+      }
     NCCL_CHECK(ncclGroupStart());
     for (Dev& d : devs) {
       const size_t out = bytes_of(src_of(d.rank, s)), in = bytes_of(src_of(prev(d.rank), s));
       if (out) NCCL_CHECK(ncclSend(send(d), out, ncclUint8, next(d.rank), d.nccl, d.comm));
       if (in) NCCL_CHECK(ncclRecv(recv(d), in, ncclUint8, prev(d.rank), d.nccl, d.comm));
+      if (tl) tl->comm_bytes[d.rank].push_back(double(in));
     }
     NCCL_CHECK(ncclGroupEnd());
+    if (tl)
+      for (Dev& d : devs) {
+        use(d);
+        tl->comm_out[d.rank].push_back(make_event(true));
+        CUDA_CHECK(cudaEventRecord(tl->comm_out[d.rank].back(), d.comm));
+      }
+  }
+
+  // The K/V of step s into its buffer (each rank passes on what it used at step s - 1), once the
+  // buffer is free (step s - 2 computed from it). Steps on the own shard need none.
+  void fetch_kv(int s, Timeline* tl) {
+    if (s >= n() || own_step(s)) return;
+    for (Dev& d : devs) {
+      use(d);
+      if (s >= 2) CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.computed[s - 2], 0));
+    }
+    ring_shift(
+        s - 1, [&](Dev& d) { return kv_buffer(d, s - 1).get(); }, [&](Dev& d) { return kv_buffer(d, s).get(); },
+        [&](int r) { return kv_bytes_of(r); }, tl);
+    for (Dev& d : devs) {
+      use(d);
+      CUDA_CHECK(cudaEventRecord(d.kv_arrived[s], d.comm));
+    }
   }
 
   // ---- a repetition ---------------------------------------------------------------------------
-  struct Timeline {  // profile(): timing events on every compute stream
-    std::vector<cudaEvent_t> begin, end;                     // per device
-    std::vector<std::vector<cudaEvent_t>> wait_in, wait_out;  // per device, per wait
-  };
-
-  void wait_for(Dev& d, cudaEvent_t e, Timeline* tl) {
+  // `stream` waits for `e`, a transfer's end; timed under profile().
+  void wait_for(Dev& d, cudaStream_t stream, cudaEvent_t e, Timeline* tl) {
     if (tl) {
       tl->wait_in[d.rank].push_back(make_event(true));
-      CUDA_CHECK(cudaEventRecord(tl->wait_in[d.rank].back(), d.compute));
+      CUDA_CHECK(cudaEventRecord(tl->wait_in[d.rank].back(), stream));
     }
-    CUDA_CHECK(cudaStreamWaitEvent(d.compute, e, 0));
+    CUDA_CHECK(cudaStreamWaitEvent(stream, e, 0));
     if (tl) {
       tl->wait_out[d.rank].push_back(make_event(true));
-      CUDA_CHECK(cudaEventRecord(tl->wait_out[d.rank].back(), d.compute));
+      CUDA_CHECK(cudaEventRecord(tl->wait_out[d.rank].back(), stream));
     }
+  }
+
+  // The last step whose block is not empty (the own block, step 0 of the forward, never is
+  // unless the shard is).
+  int last_block(const Dev& d) const {
+    int last = -1;
+    for (int s = 0; s < n(); ++s)
+      if (!d.blocks[src_of(d.rank, s)].call.skip) last = s;
+    return last;
   }
 
   void enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
@@ -234,48 +296,45 @@ struct Ring::Impl {
     for (Dev& d : devs) {
       use(d);
       if (flush && d.flusher) d.flusher->flush(d.compute);  // while rank 0 flushes before `start`
-      CUDA_CHECK(cudaStreamWaitEvent(d.compute, start, 0));
-      CUDA_CHECK(cudaStreamWaitEvent(d.comm, start, 0));
+      for (cudaStream_t st : {d.compute, d.comm, d.merge}) CUDA_CHECK(cudaStreamWaitEvent(st, start, 0));
       if (tl) CUDA_CHECK(cudaEventRecord(tl->begin[d.rank], d.compute));
       if (backward) {
-        ring_fill(static_cast<float*>(d.dq_acc.get()), 0.f, q_elems(d.shard.len()), d.compute);
-        ring_fill(static_cast<float*>(d.acc[0].get()), 0.f, 2 * kv_elems(d.shard.len()), d.compute);
-      } else {
-        ring_fill(static_cast<float*>(d.o_acc.get()), 0.f, q_elems(d.shard.len()), d.compute);
-        ring_fill(static_cast<float*>(d.lse.get()), -std::numeric_limits<float>::infinity(),
-                  int64_t(dims().B) * dims().H * d.shard.len(), d.compute);
+        ring_fill(static_cast<float*>(d.dq_acc.get()), 0.f, q_elems(d.shard.len()), d.merge);
+        ring_fill(static_cast<float*>(d.acc[0].get()), 0.f, 2 * kv_elems(max_len()), d.merge);
       }
     }
+    fetch_kv(0, tl);  // the backward's first shard (nothing to overlap it with)
     for (int s = 0; s < n(); ++s) {
       NvtxRange range("ring step " + std::to_string(s));
-      // The next step's K/V (into the buffer the previous step computed from) while this one runs.
-      if (s + 1 < n()) {
-        for (Dev& d : devs) {
-          use(d);
-          if (s > 0) CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.computed[s - 1], 0));
-        }
-        ring_shift(
-            s, [&](Dev& d) { return (s == 0 ? d.kv_own : d.kv[(s - 1) & 1]).get(); },
-            [&](Dev& d) { return d.kv[s & 1].get(); }, [&](int r) { return kv_bytes_of(r); });
-        for (Dev& d : devs) {
-          use(d);
-          CUDA_CHECK(cudaEventRecord(d.kv_arrived[s], d.comm));
-        }
-      }
+      fetch_kv(s + 1, tl);  // the next step's K/V travels while this step computes
       for (Dev& d : devs) {
         use(d);
-        if (s > 0) wait_for(d, d.kv_arrived[s - 1], tl);
-        compute_step(d, s, tl);
+        if (!own_step(s)) wait_for(d, d.compute, d.kv_arrived[s], tl);
+        // The partial buffers of step s were merged from at step s - 2.
+        if (s >= 2) CUDA_CHECK(cudaStreamWaitEvent(d.compute, d.merged[s - 2], 0));
+        const Block& blk = d.blocks[src_of(d.rank, s)];
+        if (!blk.call.skip) {
+          if (backward)
+            entry->bwd(block_bwd_params(d, s, s & 1), d.ctx);
+          else
+            entry->fwd(block_params(d, s, s & 1), d.ctx);
+        }
         CUDA_CHECK(cudaEventRecord(d.computed[s], d.compute));
+        CUDA_CHECK(cudaStreamWaitEvent(d.merge, d.computed[s], 0));
+        if (backward)
+          accumulate_step(d, s, tl);
+        else
+          merge_step(d, s);
+        CUDA_CHECK(cudaEventRecord(d.merged[s], d.merge));
       }
-      if (backward) {  // this step's dK/dV accumulators travel on (after the last step: home)
+      if (backward && s + 1 < n()) {  // the accumulators move on to the rank that computes them next
         for (Dev& d : devs) {
           use(d);
-          CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.computed[s], 0));
+          CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.merged[s], 0));
         }
         ring_shift(
             s, [&](Dev& d) { return d.acc[s & 1].get(); }, [&](Dev& d) { return d.acc[(s + 1) & 1].get(); },
-            [&](int r) { return acc_bytes_of(r); });
+            [&](int r) { return acc_bytes_of(r); }, tl);
         for (Dev& d : devs) {
           use(d);
           CUDA_CHECK(cudaEventRecord(d.acc_arrived[s], d.comm));
@@ -285,47 +344,64 @@ struct Ring::Impl {
     for (Dev& d : devs) {
       use(d);
       const int len = d.shard.len();
-      if (backward) {
-        wait_for(d, d.acc_arrived[n() - 1], tl);
-        ring_round(prob.dtype, static_cast<const float*>(d.dq_acc.get()), d.dq.get(), q_elems(len), d.compute);
-        ring_round(prob.dtype, static_cast<const float*>(d.acc[n() & 1].get()), d.dkv.get(), 2 * kv_elems(len),
-                   d.compute);
-      } else {
-        ring_round(prob.dtype, static_cast<const float*>(d.o_acc.get()), d.o.get(), q_elems(len), d.compute);
+      if (backward) {  // the last step's block was the own one: its accumulator is complete here
+        ring_round(prob.dtype, static_cast<const float*>(d.dq_acc.get()), d.dq.get(), q_elems(len), d.merge);
+        ring_round(prob.dtype, static_cast<const float*>(d.acc[(n() - 1) & 1].get()), d.dkv.get(), 2 * kv_elems(len),
+                   d.merge);
       }
-      if (tl) CUDA_CHECK(cudaEventRecord(tl->end[d.rank], d.compute));
-      CUDA_CHECK(cudaEventRecord(d.done, d.compute));
+      if (tl) CUDA_CHECK(cudaEventRecord(tl->end[d.rank], d.merge));
+      CUDA_CHECK(cudaEventRecord(d.done, d.merge));
     }
     CUDA_CHECK(cudaSetDevice(devs[0].id));
     for (Dev& d : devs) CUDA_CHECK(cudaStreamWaitEvent(stream0, d.done, 0));
   }
 
-  void compute_step(Dev& d, int s, Timeline* tl) {
-    const Step& st = d.steps[s];
-    const RingCall& c = st.call;
-    const int len = d.shard.len(), len_src = shard_len(st.src);
-    if (!backward) {
-      if (c.skip) return;
-      entry->fwd(block_params(d, st), d.ctx);
-      ring_merge_block(prob.dtype, d.o_part.get(), static_cast<const float*>(d.lse_part.get()),
-                       static_cast<float*>(d.o_acc.get()), static_cast<float*>(d.lse.get()), dims().B, dims().H,
-                       c.q_rows, c.q_row0, len, dims().D, d.compute);
-      return;
+  int max_len() const {
+    int m = 0;
+    for (int r = 0; r < n(); ++r) m = std::max(m, shard_len(r));
+    return m;
+  }
+
+  // Forward, on the merge stream: the first block becomes the running result, the last one is
+  // merged and the output written in the dtype in the same pass, the others are merged.
+  void merge_step(Dev& d, int s) {
+    const RingCall& c = d.blocks[src_of(d.rank, s)].call;
+    const int len = d.shard.len(), last = last_block(d);
+    if (c.skip || last < 0) return;
+    const int B = dims().B, H = dims().H, D = dims().D;
+    const void* o_part = d.o_part[s & 1].get();
+    const float* lse_part = static_cast<const float*>(d.lse_part[s & 1].get());
+    float* o_acc = static_cast<float*>(d.o_acc.get());
+    float* lse = static_cast<float*>(d.lse.get());
+    if (s == 0 && last == 0) {  // the only block: it is the result
+      CUDA_CHECK(cudaMemcpyAsync(d.o.get(), o_part, q_elems(len) * es(), cudaMemcpyDeviceToDevice, d.merge));
+      CUDA_CHECK(cudaMemcpyAsync(lse, lse_part, size_t(B) * H * len * sizeof(float), cudaMemcpyDeviceToDevice,
+                                 d.merge));
+    } else if (s == 0) {  // the own block covers every row of the shard
+      ring_merge_first(prob.dtype, o_part, lse_part, o_acc, lse, int64_t(B) * H * len, D, d.merge);
+    } else if (s == last) {
+      ring_merge_last(prob.dtype, o_part, lse_part, o_acc, lse, d.o.get(), B, H, c.q_rows, c.q_row0, len, D, d.merge);
+    } else {
+      ring_merge_block(prob.dtype, o_part, lse_part, o_acc, lse, B, H, c.q_rows, c.q_row0, len, D, d.merge);
     }
-    if (!c.skip) {
-      entry->bwd(block_bwd_params(d, st), d.ctx);
-      ring_accumulate(prob.dtype, d.dq_part.get(), static_cast<float*>(d.dq_acc.get()), dims().B, dims().H, c.q_rows,
-                      c.q_row0, len, dims().D, d.compute);
-    }
-    // The accumulators of src's K/V arrived with the previous step's transfer.
-    if (s > 0) wait_for(d, d.acc_arrived[s - 1], tl);
+  }
+
+  // Backward, on the merge stream: dQ into its accumulator, dK/dV into the travelling one (which
+  // arrived with the previous step's transfer).
+  void accumulate_step(Dev& d, int s, Timeline* tl) {
+    const int src = src_of(d.rank, s);
+    const RingCall& c = d.blocks[src].call;
+    const int len = d.shard.len(), len_src = shard_len(src);
+    if (s > 0) wait_for(d, d.merge, d.acc_arrived[s - 1], tl);
     if (c.skip) return;
+    const int B = dims().B, D = dims().D;
+    ring_accumulate(prob.dtype, d.dq_part[s & 1].get(), static_cast<float*>(d.dq_acc.get()), B, dims().H, c.q_rows,
+                    c.q_row0, len, D, d.merge);
     float* acc = static_cast<float*>(d.acc[s & 1].get());
-    const size_t part_dv = kv_elems(c.k_rows) * es();
-    ring_accumulate(prob.dtype, d.dkv_part.get(), acc, dims().B, dims().H_kv, c.k_rows, c.k_row0, len_src, dims().D,
-                    d.compute);
-    ring_accumulate(prob.dtype, at(d.dkv_part, int64_t(part_dv)), acc + kv_elems(len_src), dims().B, dims().H_kv,
-                    c.k_rows, c.k_row0, len_src, dims().D, d.compute);
+    const DeviceBuffer& part = d.dkv_part[s & 1];
+    ring_accumulate(prob.dtype, part.get(), acc, B, dims().H_kv, c.k_rows, c.k_row0, len_src, D, d.merge);
+    ring_accumulate(prob.dtype, at(part, kv_elems(c.k_rows) * int64_t(es())), acc + kv_elems(len_src), B, dims().H_kv,
+                    c.k_rows, c.k_row0, len_src, D, d.merge);
   }
 
   // ---- shards ---------------------------------------------------------------------------------
@@ -368,28 +444,26 @@ struct Ring::Impl {
   }
 
   void allocate(Dev& d, const RunInputs& in) {
-    const int len = d.shard.len();
-    int max_len = 0;
-    for (int r = 0; r < n(); ++r) max_len = std::max(max_len, shard_len(r));
+    const int len = d.shard.len(), max_kv = max_len();
     const size_t e = es(), B = dims().B, H = dims().H;
-    // The largest block any step computes (rows of Q and of K), for the partial buffers.
+    // The largest block any step computes (rows of Q and of K), for the partial buffers; the
+    // workspace for the largest any call asks (the forward's too: a backward runs it first).
     int q_rows = 0, k_rows = 0;
-    for (const Step& st : d.steps) q_rows = std::max(q_rows, st.call.q_rows), k_rows = std::max(k_rows, st.call.k_rows);
     d.ws_bytes = 0;
-    for (const Step& st : d.steps) {
-      if (st.call.skip) continue;
-      if (backward) {
-        if (entry->bwd_workspace) d.ws_bytes = std::max(d.ws_bytes, entry->bwd_workspace(block_bwd_params(d, st)));
-      } else if (entry->fwd_workspace) {
-        d.ws_bytes = std::max(d.ws_bytes, entry->fwd_workspace(block_params(d, st)));
-      }
-      if (fwd_entry->fwd_workspace) d.ws_bytes = std::max(d.ws_bytes, fwd_entry->fwd_workspace(block_params(d, st)));
+    for (int s = 0; s < n(); ++s) {
+      const RingCall& c = d.blocks[src_of(d.rank, s)].call;
+      q_rows = std::max(q_rows, c.q_rows), k_rows = std::max(k_rows, c.k_rows);
+      if (c.skip) continue;
+      if (backward && entry->bwd_workspace) d.ws_bytes = std::max(d.ws_bytes, entry->bwd_workspace(block_bwd_params(d, s, 0)));
+      if (fwd_entry->fwd_workspace) d.ws_bytes = std::max(d.ws_bytes, fwd_entry->fwd_workspace(block_params(d, s, 0)));
     }
-    size_t need = 2 * q_elems(len) * e + 3 * size_t(2 * kv_elems(max_len)) * e + d.ws_bytes;  // Q, dO, K/V x3
-    need += q_elems(len) * (4 + e) + B * H * len * 4 * 2 + q_elems(q_rows) * e + B * H * q_rows * 4;  // forward
+    // Q, dO, the own K/V and two receive buffers, the workspace; the forward's running result,
+    // two partial results and O; the backward's accumulators, two partial gradients, outputs.
+    size_t need = 2 * q_elems(len) * e + 3 * size_t(2 * kv_elems(max_kv)) * e + d.ws_bytes;
+    need += q_elems(len) * (4 + e) + B * H * len * 4 + 2 * (q_elems(q_rows) * e + B * H * q_rows * 4);
     if (backward)
-      need += q_elems(len) * (4 + e) + q_elems(q_rows) * e + 2 * kv_elems(k_rows) * e + 2 * size_t(2 * kv_elems(max_len)) * 4 +
-              2 * kv_elems(len) * e;
+      need += q_elems(len) * (4 + e) + B * H * d.shard.len_b * 4 + 2 * (q_elems(q_rows) + 2 * kv_elems(k_rows)) * e +
+              2 * size_t(2 * kv_elems(max_kv)) * 4 + 2 * kv_elems(len) * e;
     use(d);
     require_device_memory(entry->kernel + " (ring rank " + std::to_string(d.rank) + ")", need, d.id);
     bytes_held = std::max(bytes_held, need);
@@ -402,11 +476,13 @@ struct Ring::Impl {
         CUDA_CHECK(cudaMemcpy(at(d.kv_own, int64_t(k.nbytes())), v.bytes.data(), v.nbytes(), cudaMemcpyHostToDevice));
       }
     }
-    for (DeviceBuffer& b : d.kv) b = DeviceBuffer(2 * kv_elems(max_len) * e);
+    for (DeviceBuffer& b : d.kv) b = DeviceBuffer(2 * kv_elems(max_kv) * e);
     d.o_acc = DeviceBuffer(q_elems(len) * 4);
     d.lse = DeviceBuffer(B * H * len * 4);
-    d.o_part = DeviceBuffer(q_elems(q_rows) * e);
-    d.lse_part = DeviceBuffer(B * H * q_rows * 4);
+    for (int i = 0; i < 2; ++i) {
+      d.o_part[i] = DeviceBuffer(q_elems(q_rows) * e);
+      d.lse_part[i] = DeviceBuffer(B * H * q_rows * 4);
+    }
     d.o = DeviceBuffer(q_elems(len) * e);
     d.ws = DeviceBuffer(d.ws_bytes);
     if (d.ws_bytes) CUDA_CHECK(cudaMemset(d.ws.get(), 0xFF, d.ws_bytes));  // undefined to the kernel
@@ -414,20 +490,22 @@ struct Ring::Impl {
       d.dout = upload_array(shard_rows(*in.dout, dims().H, d.shard));
       d.lse_b = DeviceBuffer(B * H * d.shard.len_b * 4);
       d.dq_acc = DeviceBuffer(q_elems(len) * 4);
-      d.dq_part = DeviceBuffer(q_elems(q_rows) * e);
-      d.dkv_part = DeviceBuffer(2 * kv_elems(k_rows) * e);
-      for (DeviceBuffer& b : d.acc) b = DeviceBuffer(2 * kv_elems(max_len) * 4);
+      for (int i = 0; i < 2; ++i) {
+        d.dq_part[i] = DeviceBuffer(q_elems(q_rows) * e);
+        d.dkv_part[i] = DeviceBuffer(2 * kv_elems(k_rows) * e);
+        d.acc[i] = DeviceBuffer(2 * kv_elems(max_kv) * 4);
+      }
       d.dq = DeviceBuffer(q_elems(len) * e);
       d.dkv = DeviceBuffer(2 * kv_elems(len) * e);
     }
     const int32_t* seqlens = in.seqlens_k ? in.seqlens_k->data<int32_t>() : nullptr;
-    for (Step& st : d.steps) {
-      if (!seqlens) continue;
+    for (int src = 0; src < n() && seqlens; ++src) {
+      Block& blk = d.blocks[src];
       HostArray local(DType::I32, {dims().B});
-      const RingShard kv = ring_shard(dims().S_k, n(), st.src);
+      const RingShard kv = ring_shard(dims().S_k, n(), src);
       for (int b = 0; b < dims().B; ++b)
-        local.data<int32_t>()[b] = ring_local_seqlen(kv, st.call.k_row0, st.call.k_rows, seqlens[b]);
-      st.seqlens = upload_array(local);
+        local.data<int32_t>()[b] = ring_local_seqlen(kv, blk.call.k_row0, blk.call.k_rows, seqlens[b]);
+      blk.seqlens = upload_array(local);
     }
   }
 };
@@ -449,10 +527,12 @@ Ring::Ring(std::vector<int> devices) : impl_(std::make_unique<Impl>()) {
     d.info = query_device(d.id);
     CUDA_CHECK(cudaStreamCreateWithFlags(&d.compute, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&d.comm, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&d.merge, cudaStreamNonBlocking));
     d.ctx = gpu_launch_context(*d.info, d.id, d.compute);
     if (r > 0) d.flusher = std::make_unique<L2Flusher>(d.info->l2_bytes);
     for (size_t i = 0; i < s.ids.size(); ++i) {
       d.computed.push_back(make_event(false));
+      d.merged.push_back(make_event(false));
       d.kv_arrived.push_back(make_event(false));
       d.acc_arrived.push_back(make_event(false));
     }
@@ -466,17 +546,17 @@ Ring::~Ring() {
   Impl& s = *impl_;
   for (Impl::Dev& d : s.devs) {
     cudaSetDevice(d.id);
-    if (d.compute) cudaStreamSynchronize(d.compute);
-    if (d.comm) cudaStreamSynchronize(d.comm);
+    for (cudaStream_t st : {d.compute, d.comm, d.merge})
+      if (st) cudaStreamSynchronize(st);
   }
   for (Impl::Dev& d : s.devs)
     if (d.nccl) ncclCommDestroy(d.nccl);
   for (Impl::Dev& d : s.devs) {
     cudaSetDevice(d.id);
-    for (auto* v : {&d.computed, &d.kv_arrived, &d.acc_arrived})
+    for (auto* v : {&d.computed, &d.merged, &d.kv_arrived, &d.acc_arrived})
       for (cudaEvent_t e : *v) cudaEventDestroy(e);
     if (d.done) cudaEventDestroy(d.done);
-    for (cudaStream_t st : {d.compute, d.comm})
+    for (cudaStream_t st : {d.compute, d.comm, d.merge})
       if (st) cudaStreamDestroy(st);
     d = Impl::Dev{};  // the buffers and the flusher go while their device is current
   }
@@ -499,12 +579,9 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
   const int S = s.dims().S_q;
   for (Impl::Dev& d : s.devs) {
     d.shard = ring_shard(S, s.n(), d.rank);
-    d.steps.clear();
-    d.steps.resize(s.n());
-    for (int st = 0; st < s.n(); ++st) {
-      d.steps[st].src = s.src_of(d.rank, st);
-      d.steps[st].call = ring_call(S, s.n(), d.rank, d.steps[st].src, s.prob.causal);
-    }
+    d.blocks.clear();
+    d.blocks.resize(s.n());
+    for (int src = 0; src < s.n(); ++src) d.blocks[src].call = ring_call(S, s.n(), d.rank, src, s.prob.causal);
   }
   s.bytes_held = 0;
   for (Impl::Dev& d : s.devs) s.allocate(d, in);
@@ -520,11 +597,13 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
   s.backward = true;
   for (Impl::Dev& d : s.devs) {
     s.use(d);
-    if (d.shard.len_b)
+    if (d.shard.len_b)  // O and lse are written on the merge stream
       ring_lse_rows(static_cast<const float*>(d.lse.get()), static_cast<float*>(d.lse_b.get()), s.dims().B,
-                    s.dims().H, d.shard.len_b, d.shard.len_a, d.shard.len(), d.compute);
-    CUDA_CHECK(cudaStreamSynchronize(d.compute));
+                    s.dims().H, d.shard.len_b, d.shard.len_a, d.shard.len(), d.merge);
+    CUDA_CHECK(cudaStreamSynchronize(d.merge));
   }
+  CUDA_CHECK(cudaSetDevice(s.devs[0].id));
+  CUDA_CHECK(cudaStreamSynchronize(s.devs[0].compute));
 }
 
 void Ring::poison_outputs() {
@@ -576,8 +655,8 @@ KernelOutputs Ring::gather() const {
 RingProfile Ring::profile(cudaStream_t stream0) {
   Impl& s = *impl_;
   Impl::Timeline tl;
-  tl.wait_in.resize(s.n());
-  tl.wait_out.resize(s.n());
+  for (auto* v : {&tl.wait_in, &tl.wait_out, &tl.comm_in, &tl.comm_out}) v->resize(s.n());
+  tl.comm_bytes.resize(s.n());
   for (Impl::Dev& d : s.devs) {
     s.use(d);
     tl.begin.push_back(make_event(true));
@@ -587,7 +666,8 @@ RingProfile Ring::profile(cudaStream_t stream0) {
   RingProfile p;
   for (Impl::Dev& d : s.devs) {
     s.use(d);
-    CUDA_CHECK(cudaStreamSynchronize(d.compute));
+    CUDA_CHECK(cudaStreamSynchronize(d.merge));
+    CUDA_CHECK(cudaStreamSynchronize(d.comm));
     float ms = 0;
     CUDA_CHECK(cudaEventElapsedTime(&ms, tl.begin[d.rank], tl.end[d.rank]));
     p.compute_ms.push_back(ms);
@@ -596,6 +676,13 @@ RingProfile Ring::profile(cudaStream_t stream0) {
       CUDA_CHECK(cudaEventElapsedTime(&ms, tl.wait_in[d.rank][i], tl.wait_out[d.rank][i]));
       waiting += ms;
     }
+    // The link's rate: the best transfer's bytes over its time (a transfer's events also hold
+    // the wait for its partner, so the fastest is the closest to the link's own rate).
+    for (size_t i = 0; i < tl.comm_in[d.rank].size(); ++i) {
+      CUDA_CHECK(cudaEventElapsedTime(&ms, tl.comm_in[d.rank][i], tl.comm_out[d.rank][i]));
+      if (ms > 0 && tl.comm_bytes[d.rank][i] >= (1 << 20))
+        p.link_gbps = std::max(p.link_gbps, tl.comm_bytes[d.rank][i] / (ms * 1e-3) / 1e9);
+    }
     p.waiting_ms.push_back(waiting);
     p.total_ms = std::max(p.total_ms, p.compute_ms.back());
     p.exposed_comm_ms = std::max(p.exposed_comm_ms, waiting);
@@ -603,9 +690,10 @@ RingProfile Ring::profile(cudaStream_t stream0) {
   for (Impl::Dev& d : s.devs) {
     s.use(d);
     for (cudaEvent_t e : {tl.begin[d.rank], tl.end[d.rank]}) cudaEventDestroy(e);
-    for (auto* v : {&tl.wait_in[d.rank], &tl.wait_out[d.rank]})
+    for (auto* v : {&tl.wait_in[d.rank], &tl.wait_out[d.rank], &tl.comm_in[d.rank], &tl.comm_out[d.rank]})
       for (cudaEvent_t e : *v) cudaEventDestroy(e);
   }
+  CUDA_CHECK(cudaSetDevice(s.devs[0].id));
   return p;
 }
 
@@ -614,11 +702,11 @@ std::vector<double> Ring::flops_per_device() const {
   std::vector<double> f;
   for (const Impl::Dev& d : s.devs) {
     double sum = 0;
-    for (const Impl::Step& st : d.steps) {
-      if (st.call.skip) continue;
+    for (const Impl::Block& blk : d.blocks) {
+      if (blk.call.skip) continue;
       Problem p = s.prob;
-      p.dims.S_q = st.call.q_rows, p.dims.S_k = st.call.k_rows;
-      p.causal = st.call.causal;
+      p.dims.S_q = blk.call.q_rows, p.dims.S_k = blk.call.k_rows;
+      p.causal = blk.call.causal;
       p.has_padding = false;
       sum += s.backward ? backward_flops(p, nullptr) : forward_flops(p, nullptr);
     }

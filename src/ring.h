@@ -3,11 +3,12 @@
 // travel around the ring (ncclSend/ncclRecv on a communication stream per GPU, double-buffered, so
 // the next shard arrives while the current one is computed). Any registered kernel that declares
 // `partial_outputs` computes the blocks:
-//   forward   each step's block gives O_p and lse_p, merged into an fp32 running result
-//             (ring_ops.h); the last merge rounds O to the dtype.
-//   backward  each step's block runs the kernel's backward against the merged O and lse; dQ
-//             accumulates locally in fp32, dK/dV accumulators (fp32) travel with their K/V shard
-//             and take one more hop home after the last step.
+//   forward   the own shard first; each step's block gives O_p and lse_p, merged into an fp32
+//             running result (ring_ops.h) on a third stream while the next block computes; the
+//             last merge writes O in the dtype.
+//   backward  the own shard last; each step's block runs the kernel's backward against the
+//             merged O and lse; dQ accumulates locally in fp32, the fp32 dK/dV accumulators
+//             travel with the K/V shards and end at their owner with its own block.
 // The Session (run.h) drives it: a run with several devices goes through a Ring instead of one
 // GPU, and is checked and timed like any other run.
 #pragma once
@@ -38,6 +39,7 @@ struct RingProfile {
   std::vector<double> waiting_ms;  // per GPU: time its compute stream waited for a transfer
   double total_ms = 0;             // start to the last GPU's end
   double exposed_comm_ms = 0;      // max over GPUs of waiting_ms: communication not hidden
+  double link_gbps = 0;            // the fastest transfer of at least 1 MiB: bytes / its time
 };
 
 class Ring {

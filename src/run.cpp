@@ -388,6 +388,7 @@ struct Session::Impl {
       info->profiled_ms = prof.total_ms;
       info->waiting_ms = prof.waiting_ms;
       info->exposed_comm_ms = prof.exposed_comm_ms;
+      info->link_gbps = prof.link_gbps;
       for (double f : ring->flops_per_device())
         info->tflops_per_gpu.push_back(r.timing.median_ms > 0 ? f / (r.timing.median_ms * 1e-3) / 1e12 : 0);
     }
@@ -536,8 +537,9 @@ std::string ring_note(const RingRecord& g, double median_ms) {
     tf += b;
   }
   char buf[400];
-  std::snprintf(buf, sizeof buf, "ring over GPUs %s (zig-zag): TFLOP/s per GPU %s; transfers not hidden %.3f ms of %.3f",
-                ids.c_str(), tf.c_str(), g.exposed_comm_ms, g.profiled_ms);
+  std::snprintf(buf, sizeof buf,
+                "ring over GPUs %s (zig-zag): TFLOP/s per GPU %s; transfers not hidden %.3f ms of %.3f, link %.0f GB/s",
+                ids.c_str(), tf.c_str(), g.exposed_comm_ms, g.profiled_ms, g.link_gbps);
   std::string s = buf;
   if (g.one_gpu_median_ms > 0) {
     std::snprintf(buf, sizeof buf, "; one GPU %.4g ms, scaling efficiency %.3f (%.4g / (%zu x %.4g))", g.one_gpu_median_ms,

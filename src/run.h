@@ -63,6 +63,7 @@ struct RingRecord {
   double profiled_ms = 0;
   std::vector<double> waiting_ms;
   double exposed_comm_ms = 0;
+  double link_gbps = 0;  // the fastest transfer of that repetition (>= 1 MiB): bytes / its time
   // The same kernel on devices[0] alone, same inputs, timed the same way (-1: not run, and why).
   double one_gpu_median_ms = -1;
   std::string one_gpu_skipped;

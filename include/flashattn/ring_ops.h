@@ -22,6 +22,17 @@ namespace flashattn {
 void ring_merge_block(DType t, const void* o_part, const float* lse_part, float* o_acc, float* lse_acc, int B, int H,
                       int rows, int row0, int S_loc, int D, cudaStream_t stream);
 
+// The first block of a shard (all its rows): o_acc = O_p in fp32, lse_acc = lse_p (no fill and
+// merge before it).
+void ring_merge_first(DType t, const void* o_part, const float* lse_part, float* o_acc, float* lse_acc,
+                      int64_t n_rows, int D, cudaStream_t stream);
+
+// The last block: rows [row0, row0 + rows) merged as ring_merge_block does, and every row of the
+// shard written to `o` in the dtype ([B, H, S_loc, D]) in the same pass (the other rows are
+// o_acc rounded); lse_acc takes the block's rows in.
+void ring_merge_last(DType t, const void* o_part, const float* lse_part, const float* o_acc, float* lse_acc,
+                     void* o, int B, int H, int rows, int row0, int S_loc, int D, cudaStream_t stream);
+
 // Rows [row0, row0 + rows) of the fp32 accumulator `acc` ([B, H, S_loc, D]) += the block `part`
 // ([B, H, rows, D], in the dtype): dQ over the ring steps, dK/dV over the ranks.
 void ring_accumulate(DType t, const void* part, float* acc, int B, int H, int rows, int row0, int S_loc, int D,

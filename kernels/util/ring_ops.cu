@@ -62,6 +62,30 @@ __global__ void merge_lse_kernel(const float* lse_part, float* lse_acc, int rows
 }
 
 template <class T>
+__global__ void merge_first_kernel(const T* o_part, float* o_acc, int64_t n) {
+  const int64_t e = blockIdx.x * int64_t(kThreads) + threadIdx.x;
+  if (e < n) o_acc[e] = to_float(o_part[e]);
+}
+
+// Every element of the shard: merged with the block (its rows) or passed through, rounded to T.
+template <class T>
+__global__ void merge_last_kernel(const T* o_part, const float* lse_part, const float* o_acc, const float* lse_acc,
+                                  T* o, int rows, int row0, int S_loc, int D, int64_t n) {
+  const int64_t e = blockIdx.x * int64_t(kThreads) + threadIdx.x;
+  if (e >= n) return;
+  const int64_t shard_row = e / D;  // over (b, h)
+  const int i = static_cast<int>(shard_row % S_loc) - row0;
+  float out = o_acc[e];
+  if (i >= 0 && i < rows) {
+    const int64_t r = (shard_row / S_loc) * rows + i;  // the block's row
+    float lse, wa, wp;
+    merge_weights(lse_acc[shard_row], lse_part[r], &lse, &wa, &wp);
+    out = wa * out + (wp == 0.f ? 0.f : wp * to_float(o_part[r * D + e % D]));
+  }
+  o[e] = from_float<T>(out);
+}
+
+template <class T>
 __global__ void accumulate_kernel(const T* part, float* acc, int rows, int row0, int S_loc, int D, int64_t n) {
   const int64_t e = blockIdx.x * int64_t(kThreads) + threadIdx.x;
   if (e >= n) return;
@@ -95,6 +119,31 @@ void ring_merge_block(DType t, const void* o_part, const float* lse_part, float*
                                                             rows, row0, S_loc, D, n);
     CHECK_LAUNCH("ring merge_kernel");
   });
+  merge_lse_kernel<<<blocks_for(n_rows), kThreads, 0, stream>>>(lse_part, lse_acc, rows, row0, S_loc, n_rows);
+  CHECK_LAUNCH("ring merge_lse_kernel");
+}
+
+void ring_merge_first(DType t, const void* o_part, const float* lse_part, float* o_acc, float* lse_acc,
+                      int64_t n_rows, int D, cudaStream_t stream) {
+  const int64_t n = n_rows * D;
+  if (n == 0) return;
+  DTYPE_SWITCH(t, T, [&] {
+    merge_first_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(o_part), o_acc, n);
+    CHECK_LAUNCH("ring merge_first_kernel");
+  });
+  CUDA_CHECK(cudaMemcpyAsync(lse_acc, lse_part, size_t(n_rows) * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+}
+
+void ring_merge_last(DType t, const void* o_part, const float* lse_part, const float* o_acc, float* lse_acc,
+                     void* o, int B, int H, int rows, int row0, int S_loc, int D, cudaStream_t stream) {
+  const int64_t n = int64_t(B) * H * S_loc * D, n_rows = int64_t(B) * H * rows;
+  if (n == 0) return;
+  DTYPE_SWITCH(t, T, [&] {
+    merge_last_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(o_part), lse_part, o_acc,
+                                                                 lse_acc, static_cast<T*>(o), rows, row0, S_loc, D, n);
+    CHECK_LAUNCH("ring merge_last_kernel");
+  });
+  if (n_rows == 0) return;
   merge_lse_kernel<<<blocks_for(n_rows), kThreads, 0, stream>>>(lse_part, lse_acc, rows, row0, S_loc, n_rows);
   CHECK_LAUNCH("ring merge_lse_kernel");
 }
