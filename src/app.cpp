@@ -337,6 +337,7 @@ void write_outputs(const std::vector<RunRecord>& records, const Dataset& ds, con
 // The table (speedups against --baseline, else the registry's baseline kernel (cublas), else the
 // first GPU kernel that ran), the check details, and the session JSON.
 void report(const AppOptions& opt, const ReportHeader& hdr, const std::vector<RunRecord>& records, const Console& con) {
+  if (opt.ring_size > 0 && opt.ring_rank > 0) return;  // rank 0 reports the ring's runs
   std::string baseline = opt.baseline;
   if (baseline.empty()) {
     for (const RunRecord& r : records) {
@@ -427,6 +428,7 @@ int run_forward_backward(const AppOptions& opt) {
   SessionOptions so;
   so.device = dev.device;
   so.devices = opt.devices;
+  so.ring_process = {opt.ring_rank, opt.ring_size, opt.ring_id};
   so.timing = timing_options(opt);
   so.cpu_timing.warmup = std::min(opt.timing.warmup, 1);
   so.cpu_timing.repeat = std::min(opt.timing.repeat, 3);
@@ -484,27 +486,34 @@ int run_forward_backward(const AppOptions& opt) {
   return exit_code(all_runs.any_failed, all_runs.any_check_failed);
 }
 
-// --devices: a ring needs NCCL in this build and the listed GPUs present; decode does not shard.
+// --devices / --ring-rank: a ring needs NCCL in this build and the GPUs present; decode does not
+// shard.
 void check_devices(const AppOptions& opt) {
-  if (opt.mode == RunMode::Decode) throw InputError("--devices: not with --mode decode (a ring shards forward and backward runs)");
+  const std::string what = opt.devices.empty() ? "--ring-rank" : "--devices";
+  if (opt.mode == RunMode::Decode) throw InputError(what + ": not with --mode decode (a ring shards forward and backward runs)");
   const std::string why = ring_unavailable();
-  if (!why.empty()) throw InputError("--devices: " + why);
+  if (!why.empty()) throw InputError(what + ": " + why);
   std::string no_gpu;
   const int count = cuda_device_count(&no_gpu);
-  for (int id : opt.devices)
+  const std::vector<int> ids = opt.devices.empty() ? std::vector<int>{opt.device} : opt.devices;
+  for (int id : ids)
     if (id >= count)
-      throw InputError("--devices: GPU " + std::to_string(id) + " does not exist (" +
+      throw InputError(what + ": GPU " + std::to_string(id) + " does not exist (" +
                        (count == 0 ? no_gpu : std::to_string(count) + " present") + ")");
 }
 
 }  // namespace
 
-int run_app(const AppOptions& opt) {
+int run_app(const AppOptions& given) {
+  AppOptions opt = given;
   protect_input_files();  // every workload: no output may replace a file the run read
   for (const auto& [path, what] : {std::pair{opt.data, "--data"}, std::pair{opt.out, "--out"},
                                    std::pair{opt.json, "--json"}, std::pair{opt.sweep, "--sweep"}})
     check_utf8_path(path, what);
-  if (!opt.devices.empty()) check_devices(opt);
+  if (!opt.devices.empty() || opt.ring_size > 0) check_devices(opt);
+  // A ring's other ranks compute their part and report nothing: rank 0 gathers, checks, prints
+  // and writes.
+  if (opt.ring_size > 0 && opt.ring_rank > 0) opt.quiet = true, opt.no_write = true, opt.json.clear();
   if (opt.mode == RunMode::Decode) return run_decode(opt);
   // Decode's own options mean nothing to forward/backward runs and sweeps: refused, not ignored.
   const std::pair<bool, const char*> decode_only[] = {{opt.decode.splits != 0, "--splits"},

@@ -107,6 +107,11 @@ int main(int argc, char** argv) {
                  "Run GPU kernels as a ring over these GPUs (I,J[,...]): the sequence sharded across them, K/V "
                  "passed around by NCCL")
       ->excludes(device_opt);
+  app.add_option("--ring-rank", opt.ring_rank, "This process's rank in a ring of processes, one GPU each (--device)");
+  app.add_option("--ring-size", opt.ring_size, "Processes (GPUs) in that ring");
+  app.add_option("--ring-id", opt.ring_id,
+                 "File through which the ring's processes share NCCL's unique id: rank 0 creates it (a new path per "
+                 "launch), the others wait for it");
   app.add_option("--threads", opt.threads, "Threads for the cpu kernel and the reference (0 = all)")
       ->capture_default_str()
       ->check(int_range(0, 4096));
@@ -136,6 +141,7 @@ int main(int argc, char** argv) {
         throw CLI::ValidationError("--compute", "an empty name in '" + list + "' (NAME[,NAME...])");
     }
     words.mode_given = app.count("--mode") > 0;
+    words.ring_rank_given = app.count("--ring-rank") > 0;
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForVersion& e) {

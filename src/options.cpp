@@ -118,6 +118,15 @@ void type_options(const OptionWords& words, AppOptions* opt) {
     opt->devices = parse_devices(words.devices);
     opt->device = opt->devices.front();
   }
+  const bool ring_given = words.ring_rank_given || opt->ring_size != 0 || !opt->ring_id.empty();
+  if (ring_given) {
+    if (!words.ring_rank_given || opt->ring_size == 0 || opt->ring_id.empty())
+      throw InputError("--ring-rank, --ring-size and --ring-id: give all three (one process per GPU of a ring)");
+    if (opt->ring_size < 2) throw InputError("--ring-size: a ring needs two or more processes");
+    if (opt->ring_rank < 0 || opt->ring_rank >= opt->ring_size)
+      throw InputError("--ring-rank: " + std::to_string(opt->ring_rank) + " is not in 0.." + std::to_string(opt->ring_size - 1));
+    if (!opt->devices.empty()) throw InputError("--ring-rank: conflicts with --devices (one process drives every GPU)");
+  }
 
   if (opt->timing.warmup < 0) throw InputError("--warmup: must be >= 0");
   if (opt->timing.repeat < 1) throw InputError("--repeat: must be >= 1");

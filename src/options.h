@@ -74,6 +74,10 @@ struct AppOptions {
   // --devices 0,1: GPU kernels run as a ring over these GPUs (two or more, distinct), the first
   // one's stream timing the run; empty: one GPU (--device).
   std::vector<int> devices;
+  // --ring-rank R --ring-size N --ring-id FILE: this process is rank R of a ring of N processes
+  // (one GPU each, --device), the NCCL unique id exchanged through FILE. ring_size 0: none.
+  int ring_rank = 0, ring_size = 0;
+  std::string ring_id;
   int threads = 0;
   bool deterministic = false;
   bool allow_nonfinite = false;  // run even when an input holds NaN or Inf (else exit 2)
@@ -88,6 +92,7 @@ struct OptionWords {
   std::string mode = "forward";
   bool mode_given = false;
   std::string window, dtype, layout, devices;
+  bool ring_rank_given = false;
 };
 
 // Types the words into `opt` and checks what every workload shares (ranges, conflicts); throws

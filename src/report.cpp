@@ -170,7 +170,9 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
       per_gpu.push_back({{"device", g.devices[i]},
                          {"tflops", i < g.tflops_per_gpu.size() ? num(g.tflops_per_gpu[i]) : json(nullptr)},
                          {"waiting_ms", i < g.waiting_ms.size() ? num(g.waiting_ms[i]) : json(nullptr)}});
-    j["ring"] = {{"devices", g.devices},
+    j["ring"] = {{"size", g.size},
+                 {"rank", g.rank >= 0 ? json(g.rank) : json(nullptr)},
+                 {"devices", g.devices},
                  {"sharding", "zig-zag"},
                  {"per_gpu", per_gpu},
                  {"profiled_ms", num(g.profiled_ms)},

@@ -3,10 +3,14 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <thread>
 
 #include "array.h"
 #include "device_buffer.h"
@@ -22,6 +26,7 @@
 
 #ifdef FLASHATTN_HAVE_NCCL
 #include <nccl.h>
+#include <unistd.h>
 #endif
 
 namespace flashattn {
@@ -49,6 +54,8 @@ std::string ring_unavailable() {
 
 struct Ring::Impl {};
 Ring::Ring(std::vector<int>) { throw InputError("--devices: " + ring_unavailable()); }
+Ring::Ring(int, const RingProcess&) { throw InputError("--ring-rank: " + ring_unavailable()); }
+bool Ring::root() const { return true; }
 Ring::~Ring() = default;
 int Ring::size() const { return 0; }
 const std::vector<int>& Ring::devices() const {
@@ -134,7 +141,10 @@ struct Ring::Impl {
   cudaEvent_t start = nullptr;  // on rank 0
   size_t bytes_held = 0;
 
-  int n() const { return static_cast<int>(devs.size()); }
+  int world = 0;        // GPUs in the ring
+  bool multi = false;   // ranks in several processes (devs holds this process's one)
+  bool root() const { return !multi || devs[0].rank == 0; }
+  int n() const { return world; }
   const Dims& dims() const { return prob.dims; }
   size_t es() const { return dtype_size(prob.dtype); }
   int next(int r) const { return (r + 1) % n(); }
@@ -221,6 +231,7 @@ struct Ring::Impl {
   };
 
   void use(const Dev& d) const { CUDA_CHECK(cudaSetDevice(d.id)); }
+  void init_dev(Dev& d, int id, int rank, ncclComm_t comm, bool flusher);
 
   // ---- transfers ------------------------------------------------------------------------------
   // Every rank sends `send(r)` (the buffer of the block it used at step s: bytes_of(src) bytes)
@@ -510,35 +521,91 @@ struct Ring::Impl {
   }
 };
 
+namespace {
+
+// The NCCL unique id of a ring of processes, through a file: rank 0 creates it (atomically:
+// written beside it, then renamed), the others wait for it.
+ncclUniqueId exchange_id(const RingProcess& me) {
+  ncclUniqueId id;
+  const std::string& path = me.id_file;
+  if (me.rank == 0) {
+    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
+      std::fclose(f);
+      throw InputError("--ring-id: " + path + " exists; give each launch a new path (rank 0 creates it)");
+    }
+    NCCL_CHECK(ncclGetUniqueId(&id));
+    const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+    std::FILE* f = std::fopen(tmp.c_str(), "wb");
+    if (!f) throw InputError("--ring-id: cannot create " + tmp + ": " + std::strerror(errno));
+    const bool ok = std::fwrite(&id, sizeof id, 1, f) == 1;
+    if (std::fclose(f) != 0 || !ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+      std::remove(tmp.c_str());
+      throw RuntimeError("--ring-id: cannot write " + path + ": " + std::strerror(errno));
+    }
+    return id;
+  }
+  for (int tries = 0; tries < 1200; ++tries) {  // two minutes
+    if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
+      const bool ok = std::fread(&id, sizeof id, 1, f) == 1;
+      std::fclose(f);
+      if (ok) return id;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  throw RuntimeError("--ring-id: " + path + " did not appear within two minutes (is rank 0 running, with the same path?)");
+}
+
+}  // namespace
+
+void Ring::Impl::init_dev(Dev& d, int id, int rank, ncclComm_t comm, bool flusher) {
+  d.id = id;
+  d.rank = rank;
+  d.nccl = comm;
+  use(d);
+  d.info = query_device(d.id);
+  CUDA_CHECK(cudaStreamCreateWithFlags(&d.compute, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&d.comm, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&d.merge, cudaStreamNonBlocking));
+  d.ctx = gpu_launch_context(*d.info, d.id, d.compute);
+  if (flusher) d.flusher = std::make_unique<L2Flusher>(d.info->l2_bytes);
+  for (int i = 0; i < world; ++i) {
+    d.computed.push_back(make_event(false));
+    d.merged.push_back(make_event(false));
+    d.kv_arrived.push_back(make_event(false));
+    d.acc_arrived.push_back(make_event(false));
+  }
+  d.done = make_event(false);
+}
+
 Ring::Ring(std::vector<int> devices) : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   // NVLink multicast (NVLS) stays off in every process of this tool.
   setenv("NCCL_NVLS_ENABLE", "0", 1);
   s.ids = std::move(devices);
+  s.world = static_cast<int>(s.ids.size());
   s.devs.resize(s.ids.size());
   std::vector<ncclComm_t> comms(s.ids.size());
-  NCCL_CHECK(ncclCommInitAll(comms.data(), static_cast<int>(s.ids.size()), s.ids.data()));
-  for (size_t r = 0; r < s.ids.size(); ++r) {
-    Impl::Dev& d = s.devs[r];
-    d.id = s.ids[r];
-    d.rank = static_cast<int>(r);
-    d.nccl = comms[r];
-    s.use(d);
-    d.info = query_device(d.id);
-    CUDA_CHECK(cudaStreamCreateWithFlags(&d.compute, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&d.comm, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&d.merge, cudaStreamNonBlocking));
-    d.ctx = gpu_launch_context(*d.info, d.id, d.compute);
-    if (r > 0) d.flusher = std::make_unique<L2Flusher>(d.info->l2_bytes);
-    for (size_t i = 0; i < s.ids.size(); ++i) {
-      d.computed.push_back(make_event(false));
-      d.merged.push_back(make_event(false));
-      d.kv_arrived.push_back(make_event(false));
-      d.acc_arrived.push_back(make_event(false));
-    }
-    d.done = make_event(false);
-  }
+  NCCL_CHECK(ncclCommInitAll(comms.data(), s.world, s.ids.data()));
+  // The first GPU's L2 is flushed by the caller's timer, the others' here.
+  for (int r = 0; r < s.world; ++r) s.init_dev(s.devs[r], s.ids[r], r, comms[r], r > 0);
   CUDA_CHECK(cudaSetDevice(s.ids[0]));
+  s.start = make_event(false);
+}
+
+Ring::Ring(int device, const RingProcess& me) : impl_(std::make_unique<Impl>()) {
+  Impl& s = *impl_;
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+  s.ids = {device};
+  s.world = me.size;
+  s.multi = true;
+  s.devs.resize(1);
+  const ncclUniqueId id = exchange_id(me);
+  CUDA_CHECK(cudaSetDevice(device));
+  ncclComm_t comm = nullptr;
+  NCCL_CHECK(ncclCommInitRank(&comm, me.size, id, me.rank));
+  if (me.rank == 0) std::remove(me.id_file.c_str());  // every rank has joined: the id is spent
+  s.init_dev(s.devs[0], device, me.rank, comm, false);  // this GPU's L2: the caller's timer
+  CUDA_CHECK(cudaSetDevice(device));
   s.start = make_event(false);
 }
 
@@ -565,6 +632,7 @@ Ring::~Ring() {
 }
 
 int Ring::size() const { return impl_->n(); }
+bool Ring::root() const { return impl_->root(); }
 const std::vector<int>& Ring::devices() const { return impl_->ids; }
 
 void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic) {
@@ -627,27 +695,56 @@ KernelOutputs Ring::gather() const {
     return s.prob.layout == Layout::BHSD ? std::vector<int64_t>{dm.B, heads, dm.S_q, D}
                                          : std::vector<int64_t>{dm.B, dm.S_q, heads, D};
   };
-  KernelOutputs out;
   for (const Impl::Dev& d : s.devs) {
     s.use(d);
     CUDA_CHECK(cudaDeviceSynchronize());
   }
+  // Each output: which buffer of a shard holds it, from which element, and its shape.
+  struct Piece {
+    const DeviceBuffer Impl::Dev::*buffer;
+    bool second_half;  // dV, behind dK in the same buffer
+    DType t;
+    int heads, D;
+    bool lse_like;
+    std::optional<HostArray>* out;
+  };
+  KernelOutputs out;
+  std::vector<Piece> pieces;
   if (!s.backward) {
-    out.o = HostArray(s.prob.dtype, shape(dm.H, dm.D));
-    out.lse = HostArray(DType::F32, {dm.B, dm.H, dm.S_q});
-    for (const Impl::Dev& d : s.devs) {
-      s.unshard(d.o, 0, s.prob.dtype, dm.H, dm.D, false, d.shard, &*out.o);
-      s.unshard(d.lse, 0, DType::F32, dm.H, 1, true, d.shard, &*out.lse);
-    }
-    return out;
+    pieces.push_back({&Impl::Dev::o, false, s.prob.dtype, dm.H, dm.D, false, &out.o});
+    pieces.push_back({&Impl::Dev::lse, false, DType::F32, dm.H, 1, true, &out.lse});
+  } else {
+    pieces.push_back({&Impl::Dev::dq, false, s.prob.dtype, dm.H, dm.D, false, &out.dq});
+    pieces.push_back({&Impl::Dev::dkv, false, s.prob.dtype, dm.H_kv, dm.D, false, &out.dk});
+    pieces.push_back({&Impl::Dev::dkv, true, s.prob.dtype, dm.H_kv, dm.D, false, &out.dv});
   }
-  out.dq = HostArray(s.prob.dtype, shape(dm.H, dm.D));
-  out.dk = HostArray(s.prob.dtype, shape(dm.H_kv, dm.D));
-  out.dv = HostArray(s.prob.dtype, shape(dm.H_kv, dm.D));
-  for (const Impl::Dev& d : s.devs) {
-    s.unshard(d.dq, 0, s.prob.dtype, dm.H, dm.D, false, d.shard, &*out.dq);
-    s.unshard(d.dkv, 0, s.prob.dtype, dm.H_kv, dm.D, false, d.shard, &*out.dk);
-    s.unshard(d.dkv, s.kv_elems(d.shard.len()), s.prob.dtype, dm.H_kv, dm.D, false, d.shard, &*out.dv);
+  const bool root = s.root();
+  for (const Piece& pc : pieces) {
+    if (root) *pc.out = HostArray(pc.t, pc.lse_like ? std::vector<int64_t>{dm.B, dm.H, dm.S_q} : shape(pc.heads, pc.D));
+    auto offset = [&](int len) { return pc.second_half ? s.kv_elems(len) : int64_t(0); };
+    auto bytes = [&](int len) { return size_t(dm.B) * pc.heads * len * pc.D * dtype_size(pc.t); };
+    for (const Impl::Dev& d : s.devs)
+      if (root) s.unshard(d.*pc.buffer, offset(d.shard.len()), pc.t, pc.heads, pc.D, pc.lse_like, d.shard, &**pc.out);
+    if (!s.multi) continue;
+    // Across processes: every other rank's shard comes to rank 0.
+    const Impl::Dev& d = s.devs[0];
+    s.use(d);
+    std::vector<DeviceBuffer> from(s.n());
+    NCCL_CHECK(ncclGroupStart());
+    if (root) {
+      for (int r = 1; r < s.n(); ++r) {
+        const int len = s.shard_len(r);
+        from[r] = DeviceBuffer(bytes(len));
+        if (bytes(len)) NCCL_CHECK(ncclRecv(from[r].get(), bytes(len), ncclUint8, r, d.nccl, d.comm));
+      }
+    } else if (bytes(d.shard.len())) {
+      NCCL_CHECK(ncclSend(at(d.*pc.buffer, offset(d.shard.len()) * int64_t(dtype_size(pc.t))), bytes(d.shard.len()),
+                          ncclUint8, 0, d.nccl, d.comm));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    CUDA_CHECK(cudaStreamSynchronize(d.comm));
+    for (int r = 1; root && r < s.n(); ++r)
+      s.unshard(from[r], 0, pc.t, pc.heads, pc.D, pc.lse_like, ring_shard(dm.S_q, s.n(), r), &**pc.out);
   }
   return out;
 }

@@ -47,12 +47,19 @@ class Ring {
   // Devices in ring order (rank i = devices[i]); creates the streams and the communicator (one
   // per device, ncclCommInitAll) and sets NCCL_NVLS_ENABLE=0 in the process environment first.
   explicit Ring(std::vector<int> devices);
+  // One rank of a ring whose ranks are processes, one GPU each (the way it runs across nodes):
+  // `device` is this process's GPU; the NCCL unique id goes through `me.id_file`, which rank 0
+  // creates (refusing one that exists: each launch needs a new path) and removes once every rank
+  // has joined, and the others wait for (up to two minutes).
+  Ring(int device, const RingProcess& me);
   ~Ring();
   Ring(const Ring&) = delete;
   Ring& operator=(const Ring&) = delete;
 
-  int size() const;
-  const std::vector<int>& devices() const;
+  int size() const;                        // GPUs in the ring
+  const std::vector<int>& devices() const;  // the GPUs this process drives, in ring order
+  // Whether this process gathers the outputs and reports (the single process, or rank 0).
+  bool root() const;
 
   // Uploads the shards of `in` (host inputs in the problem's layout) for kernel `e` (its forward
   // or backward entry) and allocates every buffer; a backward also runs the ring forward once
@@ -64,7 +71,9 @@ class Ring {
   // stream `stream0`), and makes `stream0` wait for its end: every GPU's work lies between the
   // events the caller records on `stream0`. `flush` also leaves every other GPU's L2 clean first.
   void enqueue(cudaStream_t stream0, bool flush);
-  // The outputs gathered from every shard, in the problem's layout (O and lse, or dQ, dK, dV).
+  // The outputs gathered from every shard, in the problem's layout (O and lse, or dQ, dK, dV);
+  // across processes every rank must call it (the shards go to rank 0), and only the root's
+  // result holds anything.
   KernelOutputs gather() const;
   // One repetition with timing events on every stream (after the timed loop).
   RingProfile profile(cudaStream_t stream0);

@@ -245,13 +245,13 @@ struct Session::Impl {
   };
 
   // The timed loop, with the SM clock read before, during (per batch) and after it.
-  TimingStats timed_run(const std::function<void()>& call, GpuRun& r) {
+  TimingStats timed_run(const std::function<void()>& call, GpuRun& r, const TimingOptions* timing = nullptr) {
     ClockProbe probe;
     const DeviceInfo info = *dev;
     probe.sm_clock_mhz = [info] { return nvml_sm_clock_mhz(info); };
     probe.throttle_reasons = [info] { return nvml_slowdown_reasons(info); };
     r.clock_start = nvml_sm_clock_mhz(*dev);
-    TimingStats t = timer->time(call, stream, opt.timing, &probe);
+    TimingStats t = timer->time(call, stream, timing ? *timing : opt.timing, &probe);
     r.clock_end = nvml_sm_clock_mhz(*dev);
     return t;
   }
@@ -359,13 +359,16 @@ struct Session::Impl {
   }
 
   // ---- several GPUs -----------------------------------------------------------------------------
-  bool on_ring(const KernelMode& e) const { return e.gpu && opt.devices.size() > 1; }
+  int ring_size() const { return opt.ring_process.size > 1 ? opt.ring_process.size : int(opt.devices.size()); }
+  bool on_ring(const KernelMode& e) const { return e.gpu && ring_size() > 1; }
 
   // The ring run (ring.h): checked run with poisoned outputs, the timed loop on the first
   // device's stream (every GPU's work lies between its events), one profiled repetition; then
   // the same kernel on the first GPU alone for the scaling efficiency and the comparison.
   GpuRun run_ring(const KernelMode& e, bool timed, RingRecord* info, double* one_gpu_ms) {
-    if (!ring) ring = std::make_unique<Ring>(opt.devices);
+    if (!ring)
+      ring = opt.ring_process.size > 1 ? std::make_unique<Ring>(opt.device, opt.ring_process)
+                                       : std::make_unique<Ring>(opt.devices);
     if (generated()) ensure_uploaded(e.kernel);  // made on the first GPU (fast), then downloaded once
     ensure_host_inputs();
     ring->prepare(e, in, opt.deterministic);
@@ -379,9 +382,15 @@ struct Session::Impl {
     GpuRun r;
     r.out = ring->gather();
     CUDA_CHECK(cudaSetDevice(opt.device));
-    if (timed) r.timing = timed_run([&] { ring->enqueue(stream, opt.timing.flush_l2); }, r);
+    // Ranks in other processes must run the same repetitions (every one is a set of NCCL
+    // transfers between them): a fixed count, no noise or time rule.
+    TimingOptions timing = opt.timing;
+    if (opt.ring_process.size > 1) timing.max_noise = 0, timing.min_time_ms = 0;
+    if (timed) r.timing = timed_run([&] { ring->enqueue(stream, opt.timing.flush_l2); }, r, &timing);
     r.mem.peak_bytes = ring->bytes_per_device();
     info->devices = ring->devices();
+    info->size = ring->size();
+    if (opt.ring_process.size > 1) info->rank = opt.ring_process.rank;
     if (timed) {
       const RingProfile prof = ring->profile(stream);
       CUDA_CHECK(cudaSetDevice(opt.device));
@@ -393,6 +402,7 @@ struct Session::Impl {
         info->tflops_per_gpu.push_back(r.timing.median_ms > 0 ? f / (r.timing.median_ms * 1e-3) / 1e12 : 0);
     }
     *one_gpu_ms = -1;
+    if (!ring->root()) return r;  // the root compares and checks
     try {
       GpuRun one = run_gpu(e, timed);
       if (timed) *one_gpu_ms = one.timing.median_ms;
@@ -537,13 +547,14 @@ std::string ring_note(const RingRecord& g, double median_ms) {
     tf += b;
   }
   char buf[400];
-  std::snprintf(buf, sizeof buf,
-                "ring over GPUs %s (zig-zag): TFLOP/s per GPU %s; transfers not hidden %.3f ms of %.3f, link %.0f GB/s",
-                ids.c_str(), tf.c_str(), g.exposed_comm_ms, g.profiled_ms, g.link_gbps);
+  std::string who = "ring over GPUs " + ids;
+  if (g.rank >= 0) who = "ring of " + std::to_string(g.size) + " processes (rank " + std::to_string(g.rank) + " on GPU " + ids + ")";
+  std::snprintf(buf, sizeof buf, "%s (zig-zag): TFLOP/s per GPU %s; transfers not hidden %.3f ms of %.3f, link %.0f GB/s",
+                who.c_str(), tf.c_str(), g.exposed_comm_ms, g.profiled_ms, g.link_gbps);
   std::string s = buf;
   if (g.one_gpu_median_ms > 0) {
-    std::snprintf(buf, sizeof buf, "; one GPU %.4g ms, scaling efficiency %.3f (%.4g / (%zu x %.4g))", g.one_gpu_median_ms,
-                  g.scaling_efficiency, g.one_gpu_median_ms, g.devices.size(), median_ms);
+    std::snprintf(buf, sizeof buf, "; one GPU %.4g ms, scaling efficiency %.3f (%.4g / (%d x %.4g))", g.one_gpu_median_ms,
+                  g.scaling_efficiency, g.one_gpu_median_ms, g.size, median_ms);
     s += buf;
   } else if (!g.one_gpu_skipped.empty()) {
     s += "; one GPU not run: " + g.one_gpu_skipped;
@@ -576,7 +587,7 @@ RunRecord Session::run(const KernelMode& e) {
   rec.bytes = min_bytes_moved(p, e.mode, s.in.mask.has_value(), s.in.seqlens_k.has_value());
 
   if (s.on_ring(e)) {
-    const std::string why_ring = why_ring_unsupported(e, p, static_cast<int>(s.opt.devices.size()));
+    const std::string why_ring = why_ring_unsupported(e, p, s.ring_size());
     if (!why_ring.empty()) throw InputError(why_ring);
     NvtxRange range("ring " + nvtx_name(e, p));
     RingRecord info;
@@ -589,7 +600,7 @@ RunRecord Session::run(const KernelMode& e) {
     rec.sm_clock_end_mhz = r.clock_end;
     info.one_gpu_median_ms = one_gpu_ms;
     if (one_gpu_ms > 0 && rec.timing.median_ms > 0)
-      info.scaling_efficiency = one_gpu_ms / (double(info.devices.size()) * rec.timing.median_ms);
+      info.scaling_efficiency = one_gpu_ms / (double(info.size) * rec.timing.median_ms);
     rec.notes.push_back(ring_note(info, rec.timing.median_ms));
     rec.ring = std::move(info);
     add_timing_notes(rec);
@@ -611,7 +622,7 @@ RunRecord Session::run(const KernelMode& e) {
   if (!fallback.empty()) rec.notes.push_back(fallback);
   const std::string fault = inject_fault_if_asked(e.kernel, rec.outputs);
   if (!fault.empty()) rec.notes.push_back(fault);
-  if (s.opt.check) s.validate(e, rec);
+  if (s.opt.check && (!rec.ring || s.ring->root())) s.validate(e, rec);  // a ring's root has the outputs
 
   const double sec = rec.timing.median_ms * 1e-3;
   if (sec > 0) {
@@ -620,7 +631,7 @@ RunRecord Session::run(const KernelMode& e) {
     if (e.gpu && s.dev) {
       const double peak = peak_tflops_for(*s.dev, dtype_name(p.dtype));
       // A ring's TFLOP/s are every GPU's together: its fraction is of their peaks together.
-      const double gpus = rec.ring ? double(rec.ring->devices.size()) : 1.0;
+      const double gpus = rec.ring ? double(rec.ring->size) : 1.0;
       if (peak > 0) rec.peak_fraction = rec.tflops / (peak * gpus);
     }
   }

@@ -31,10 +31,19 @@ struct RunInputs {
   std::optional<uint64_t> generate_seed;
 };
 
+// This process's place in a ring that spans processes (--ring-rank, --ring-size, --ring-id).
+struct RingProcess {
+  int rank = 0;
+  int size = 0;  // 0: not part of such a ring
+  std::string id_file;
+};
+
 struct SessionOptions {
   int device = -1;  // CUDA device index; -1: no GPU (only host kernels can run)
   // Two or more: GPU kernels run as a ring over these devices (ring.h), device = devices[0].
   std::vector<int> devices;
+  // size > 1: GPU kernels run as one rank (on `device`) of a ring of processes (ring.h).
+  RingProcess ring_process;
   TimingOptions timing;
   TimingOptions cpu_timing;  // for host kernels (fewer repetitions by default)
   bool check = false;
@@ -55,7 +64,9 @@ struct MemoryStats {
 
 // What a run over several GPUs (a ring, ring.h) adds to its record.
 struct RingRecord {
-  std::vector<int> devices;            // in ring order
+  int size = 0;                        // GPUs in the ring
+  int rank = -1;                       // this process's rank where the ring spans processes
+  std::vector<int> devices;            // the GPUs this process drove, in ring order
   std::vector<double> tflops_per_gpu;  // each GPU's blocks' FLOPs / the ring's median time
   // One profiled repetition after the timed ones (events on every stream): its length, and per
   // GPU the time its compute stream waited for a transfer; the largest of those is the

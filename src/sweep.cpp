@@ -142,6 +142,7 @@ std::vector<RunRecord> run_point(const SweepPoint& pt, const Problem& prob, Swee
   SessionOptions so;
   so.device = cx->dev.device;
   so.devices = opt.devices;
+  so.ring_process = {opt.ring_rank, opt.ring_size, opt.ring_id};
   so.timing = cx->timing;
   so.cpu_timing = cx->timing;
   so.cpu_timing.warmup = std::min(cx->timing.warmup, 1);
