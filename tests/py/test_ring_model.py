@@ -69,3 +69,23 @@ def test_the_shipped_measurement_loads():
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "Measured rings against the model" in r.stdout
+
+
+def test_report_ring_puts_both_rings_side_by_side(tmp_path):
+    import report_ring
+
+    def rec(kernel, mode, ms, one_ms, passed=True):
+        f = 4.0 * 32 * 128 * 32768 ** 2 * (2.5 if mode == "backward" else 1)
+        return {"kernel": kernel, "mode": mode, "status": "ok", "shape": {"B": 1, "H": 32, "H_kv": 32, "S_q": 32768,
+                "S_k": 32768, "D": 128}, "flags": {"causal": False}, "timing": {"median_ms": ms},
+                "throughput": {"flops": f}, "check": {"passed": passed} if kernel == "hopper" else None,
+                "ring": {"size": 2, "one_gpu_median_ms": one_ms, "scaling_efficiency": one_ms / (2 * ms)}}
+    ours, peers = tmp_path / "o.jsonl", tmp_path / "p.jsonl"
+    ours.write_text(json.dumps({"runs": [rec("hopper", "forward", 15.0, 28.0), rec("hopper", "backward", 40.0, 80.0)]}) + "\n")
+    peers.write_text(json.dumps({"runs": [rec("torch-cp-cudnn", "forward", 18.0, 30.0),
+                                          rec("torch-cp-cudnn", "backward", 50.0, 85.0)]}) + "\n")
+    text = report_ring.table(report_ring.load(ours), report_ring.load(peers))
+    assert "| B1 H32 S32768 D128 | forward | 15.000 | 18.000 | 1.20× |" in text
+    both = [line for line in text.splitlines() if "| both |" in line][0]
+    assert "| 55.000 | 68.000 | 1.24× |" in both
+    assert both.endswith("| 0.98 | 0.85 |")  # (28 + 80) / (2 x 55), (30 + 85) / (2 x 68)

@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""PyTorch's own context parallelism, timed the way flashattn times its rings, for the comparison.
+
+    torchrun --standalone --nproc-per-node 2 scripts/peers_ring.py --sweep scripts/presets/ring.json \\
+        [--backend cudnn|flash] [--mode forward|backward|both] [--warmup 2] [--repeat 5] \\
+        [--capi PATH] --json FILE.jsonl
+
+Each point of the preset (its B, H, H_kv, S, D, dtype, causal; the modes of --mode or the preset)
+runs `torch.distributed.tensor.experimental.context_parallel` around
+`F.scaled_dot_product_attention` with the chosen SDPA backend, Q/K/V (and dO) sharded along the
+sequence by PyTorch (its load-balanced sharding under causal), every rank one GPU. The same point
+also runs unsharded on rank 0's GPU alone, for PyTorch's scaling efficiency = T(one GPU) /
+(N * T(ring)); rank 0 compares the two outputs (max abs difference).
+
+Timing: the inputs are N(0, 1) from flashattn's generator (--seed), made once per point. Every rank
+runs the same fixed number of repetitions (each is a set of collectives between the ranks: a
+noise rule could stop one rank before the other); each repetition is enqueued behind a stream hold
+(libflashattn_capi) released once it is enqueued, with the L2 flushed before its start event, so
+no host time falls inside its events; a repetition whose hold timed out (the call waited for the
+GPU) is counted in the record's `hold_timeouts`. Backward times the whole backward of one forward
+(autograd), as flashattn times its backward kernels. Median and min over the repetitions of rank
+0; per-GPU TFLOP/s = the point's FLOPs (flashattn's convention) / N / median.
+
+Writes one session document per point (flashattn's schema: kernel `torch-cp-<backend>`, a `ring`
+object with `size`, `per_gpu`, `one_gpu_median_ms`, `scaling_efficiency`, `max_abs_vs_one_gpu`),
+JSON Lines, from rank 0. Needs NCCL, two or more GPUs and PyTorch with
+torch.distributed.tensor.experimental; NCCL_NVLS_ENABLE=0 is set before the process group starts.
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+
+os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast stays off
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peers_capi  # noqa: E402
+
+HOLD_TIMEOUT_S = 2.0
+GEN_Q, GEN_K, GEN_V, GEN_DO = 1, 2, 3, 4
+
+
+def flops(B, H, S, D, causal, mode):
+    pairs = S * (S + 1) / 2 if causal else float(S) * S
+    f = 4.0 * B * H * D * pairs
+    return f * 2.5 if mode == "backward" else f
+
+
+def points(path, mode_override):
+    with open(path) as f:
+        preset = json.load(f)
+    d = preset.get("defaults", {})
+    out = []
+    for p in preset["points"]:
+        q = dict(d, **p)
+        causals = q.get("causal", False)
+        for causal in causals if isinstance(causals, list) else [causals]:
+            modes = mode_override or q.get("mode", "forward")
+            modes = ["forward", "backward"] if modes == "both" else [modes] if isinstance(modes, str) else modes
+            out.append({"B": q["B"], "H": q["H"], "H_kv": q.get("H_kv", q["H"]), "S": q["S"], "D": q["D"],
+                        "dtype": q.get("dtype", "bf16"), "causal": causal, "modes": modes})
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sweep", required=True, help="a preset file (scripts/presets/ring.json)")
+    ap.add_argument("--backend", default="cudnn", choices=["cudnn", "flash"])
+    ap.add_argument("--mode", choices=["forward", "backward", "both"])
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--capi", help="libflashattn_capi.so (else $FLASHATTN_CAPI, $FLASHATTN_BUILD_DIR, build-gpu/)")
+    ap.add_argument("--json", required=True)
+    a = ap.parse_args()
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._attention import context_parallel_unshard
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    dist.init_process_group("nccl")
+    mesh = init_device_mesh("cuda", (world,))
+    capi = peers_capi.load(a.capi)
+    hold, flush = capi.hold(), capi.flush()
+    backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[a.backend]
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+    def generate(shape, dt, tensor):
+        t = torch.empty(shape, dtype=dtypes[dt], device="cuda")
+        capi.fill_normal(t.data_ptr(), dt, t.numel(), a.seed, tensor, torch.cuda.current_stream().cuda_stream)
+        return t
+
+    def timed(fn):
+        """Fixed-count held-stream timing on the current stream: (samples ms, hold timeouts)."""
+        stream = torch.cuda.current_stream()
+        for _ in range(a.warmup):
+            fn()
+        torch.cuda.synchronize()
+        samples, timeouts0 = [], hold.timeouts()
+        for _ in range(a.repeat):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            hold.enqueue(stream.cuda_stream, HOLD_TIMEOUT_S)
+            flush.enqueue(stream.cuda_stream)
+            start.record(stream)
+            fn()
+            end.record(stream)
+            hold.release()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+        return samples, hold.timeouts() - timeouts0
+
+    def run(q, k, v, dout, causal, mode, gqa):
+        """The call `mode` times: forward returns O; backward returns dQ, dK, dV of a forward and
+        its backward (autograd needs the forward: the record subtracts the forward's median)."""
+        if mode == "forward":
+            return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+        qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+
+        def both():
+            for t in (qg, kg, vg):
+                t.grad = None  # each call's own gradients, not a sum over calls
+            out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal, enable_gqa=gqa)
+            out.backward(dout)
+            return qg.grad, kg.grad, vg.grad
+        return both
+
+    records = []
+    for p in points(a.sweep, a.mode):
+        B, H, Hkv, S, D, dt, causal = p["B"], p["H"], p["H_kv"], p["S"], p["D"], p["dtype"], p["causal"]
+        gqa = Hkv != H
+        full = [generate((B, H, S, D), dt, GEN_Q), generate((B, Hkv, S, D), dt, GEN_K),
+                generate((B, Hkv, S, D), dt, GEN_V), generate((B, H, S, D), dt, GEN_DO)]
+        times = {}
+        for mode in p["modes"]:
+            rec = {"kernel": f"torch-cp-{a.backend}", "mode": mode, "gpu": True, "status": "ok", "reason": "",
+                   "shape": {"B": B, "H": H, "H_kv": Hkv, "S_q": S, "S_k": S, "D": D}, "dtype": dt,
+                   "layout": "bhsd", "flags": {"causal": causal}, "notes": []}
+            try:
+                # One GPU, unsharded (rank 0; the others wait at the barrier).
+                one_ms, ref = None, None
+                if rank == 0:
+                    with sdpa_kernel(backend):
+                        fn = run(*full, causal, mode, gqa)
+                        ref = fn()
+                        ref = [r.detach().clone() for r in (ref if isinstance(ref, tuple) else (ref,))]
+                        s1, _ = timed(fn)
+                    one_ms = statistics.median(s1)
+                dist.barrier()
+                shards = [t.detach().clone() for t in full]
+                with sdpa_kernel(backend), context_parallel(mesh, buffers=shards, buffer_seq_dims=[2, 2, 2, 2],
+                                                            no_restore_buffers=set(shards)):
+                    fn = run(*shards, causal, mode, gqa)
+                    out = fn()
+                    out = list(out if isinstance(out, tuple) else (out,))
+                    samples, timeouts = timed(fn)
+                    out = context_parallel_unshard(mesh, out, [2] * len(out))
+                if mode == "backward":  # forward + backward timed: take the forward away
+                    samples = [s - times.get("forward", 0.0) for s in samples]
+                else:
+                    times["forward"] = statistics.median(samples)
+                median = statistics.median(samples)
+                f = flops(B, H, S, D, causal, mode)
+                rec["timing"] = {"unit": "ms", "method": "held_stream", "median_ms": median, "min_ms": min(samples),
+                                 "max_ms": max(samples), "samples_ms": samples, "warmup": a.warmup,
+                                 "repeat": a.repeat, "hold_timeouts": timeouts, "l2_flush": True}
+                rec["throughput"] = {"flops": f, "tflops": f / (median * 1e-3) / 1e12}
+                if rank == 0:
+                    diff = max(float((o.float() - r.float()).abs().max()) for o, r in zip(out, ref))
+                    rec["ring"] = {"size": world, "rank": None, "devices": list(range(world)),
+                                   "sharding": "torch load-balanced" if causal else "torch contiguous",
+                                   "per_gpu": [{"device": i, "tflops": f / world / (median * 1e-3) / 1e12}
+                                               for i in range(world)],
+                                   "one_gpu_median_ms": one_ms, "scaling_efficiency": one_ms / (world * median),
+                                   "max_abs_vs_one_gpu": diff}
+                    if mode == "backward":
+                        rec["notes"].append("backward = median(forward + backward) - median(forward), both rings")
+                    if timeouts:
+                        rec["notes"].append(f"{timeouts} repetitions' holds timed out (host time may be inside)")
+            except Exception as e:  # noqa: BLE001 - recorded, the other points go on
+                rec.update(status="failed", reason=str(e).splitlines()[0][:300])
+            records.append(rec)
+        del full
+        torch.cuda.empty_cache()
+        if rank == 0:
+            doc = {"schema_version": 1, "tool": {"name": "peers_ring.py"},
+                   "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                   "device": {"name": torch.cuda.get_device_name(0)},
+                   "data": {"generated": "normal(0, 1)", "where": "device", "seed": a.seed}, "runs": records}
+            with open(a.json, "a") as f:
+                f.write(json.dumps(doc) + "\n")
+            for r in records:
+                t = r.get("timing", {}).get("median_ms")
+                g = r.get("ring", {})
+                print(f"{r['kernel']} {r['mode']} B{B} H{H}/{Hkv} S{S} D{D} {'causal ' if causal else ''}"
+                      f"{r['status']} median {t} ms, per GPU {g.get('per_gpu', [{}])[0].get('tflops')} TFLOP/s, "
+                      f"scaling {g.get('scaling_efficiency')} {r.get('reason', '')}", flush=True)
+        records = []
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

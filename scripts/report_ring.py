@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Rings side by side: flashattn's (--devices) against PyTorch's context parallelism (peers_ring.py).
+
+    report_ring.py OURS.jsonl PEERS.jsonl [--kernel hopper]
+
+One row per (shape, mask) and mode, plus `both` (forward + backward medians added, each side):
+median ms of both rings, ratio = PyTorch's median / ours (> 1: ours faster, the same statistic on
+both sides), per-GPU TFLOP/s, and each side's scaling efficiency (T(one GPU) / (N * T(ring)),
+each measured against its own one-GPU run). Rows of ours that did not pass --check are left out.
+"""
+import argparse
+import json
+import sys
+
+
+def load(path, kernel=None):
+    rows = {}
+    with open(path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            for r in json.loads(line).get("runs", []):
+                if r.get("status") != "ok" or not r.get("ring") or (kernel and r["kernel"] != kernel):
+                    continue
+                if r.get("check") is not None and not (r["check"] or {}).get("passed", True):
+                    continue
+                s = r["shape"]
+                key = (s["B"], s["H"], s["H_kv"], s["S_q"], s["D"], bool(r["flags"].get("causal")))
+                rows.setdefault(key, {})[r["mode"]] = r
+    return rows
+
+
+def summary(runs, mode):
+    """(median ms, per-GPU TFLOP/s, scaling efficiency) of one mode, or of both added."""
+    if mode == "both":
+        if "forward" not in runs or "backward" not in runs:
+            return None
+        parts = [summary(runs, m) for m in ("forward", "backward")]
+        f = [runs[m]["throughput"]["flops"] for m in ("forward", "backward")]
+        one = [runs[m]["ring"].get("one_gpu_median_ms") for m in ("forward", "backward")]
+        ms = parts[0][0] + parts[1][0]
+        n = runs["forward"]["ring"]["size"]
+        eff = sum(one) / (n * ms) if all(one) else None
+        return ms, sum(f) / n / (ms * 1e-3) / 1e12, eff
+    if mode not in runs:
+        return None
+    r = runs[mode]
+    n = r["ring"]["size"]
+    return r["timing"]["median_ms"], r["throughput"]["flops"] / n / (r["timing"]["median_ms"] * 1e-3) / 1e12, \
+        r["ring"].get("scaling_efficiency")
+
+
+def table(ours, peers):
+    out = ["| shape | mode | ours ms | PyTorch ms | × | ours TFLOP/s per GPU | PyTorch TFLOP/s per GPU | "
+           "ours efficiency | PyTorch efficiency |", "|---|---|---|---|---|---|---|---|---|"]
+    fmt = lambda x, p: "–" if x is None else f"{x:.{p}f}"  # noqa: E731
+    for key in sorted(ours):
+        if key not in peers:
+            continue
+        B, H, Hkv, S, D, causal = key
+        shape = f"B{B} H{H}{'/' + str(Hkv) if Hkv != H else ''} S{S} D{D}{' causal' if causal else ''}"
+        for mode in ("forward", "backward", "both"):
+            a, b = summary(ours[key], mode), summary(peers[key], mode)
+            if not a or not b:
+                continue
+            out.append(f"| {shape} | {mode} | {a[0]:.3f} | {b[0]:.3f} | {b[0] / a[0]:.2f}× | {a[1]:.0f} | {b[1]:.0f} | "
+                       f"{fmt(a[2], 2)} | {fmt(b[2], 2)} |")
+    return "\n".join(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("ours")
+    ap.add_argument("peers")
+    ap.add_argument("--kernel", help="only this kernel of ours (default: every ring run)")
+    a = ap.parse_args(argv)
+    ours, peers = load(a.ours, a.kernel), load(a.peers)
+    if not ours or not peers:
+        sys.exit("report_ring.py: no ring run in " + (a.ours if not ours else a.peers))
+    print(table(ours, peers))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
