@@ -183,8 +183,8 @@ TEST_P(RingOnHost, EqualsTheWholeProblem) {
     }
   }
 
-  // Backward: blocks against the merged O and lse (the own shard last, as the ring orders them);
-  // dQ summed per rank, dK/dV per source shard.
+  // Backward: blocks against the merged O and lse, dQ summed per rank, dK/dV per source shard
+  // (sums: the order of the steps changes only their rounding).
   std::vector<Vec> dq_sh(N), dkv_acc(N);
   for (int r = 0; r < N; ++r) dq_sh[r].assign(size_t(B) * H * sh[r].len() * D, 0.f);
   for (int r = 0; r < N; ++r) dkv_acc[r].assign(2 * size_t(B) * Hk * sh[r].len() * D, 0.f);
