@@ -170,6 +170,12 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
       per_gpu.push_back({{"device", g.devices[i]},
                          {"tflops", i < g.tflops_per_gpu.size() ? num(g.tflops_per_gpu[i]) : json(nullptr)},
                          {"waiting_ms", i < g.waiting_ms.size() ? num(g.waiting_ms[i]) : json(nullptr)}});
+    json vs = json::array();
+    for (const RingRecord::VsOneGpu& d : g.vs_one_gpu)
+      vs.push_back({{"name", d.name}, {"max_abs", num(d.max_abs)}, {"rel_l2", num(d.rel_l2)},
+                    {"metric", d.metric.empty() ? json(nullptr) : json(d.metric)},
+                    {"measured", d.metric.empty() ? json(nullptr) : num(d.measured)},
+                    {"tolerance", d.metric.empty() ? json(nullptr) : num(d.tolerance)}, {"passed", d.passed}});
     j["ring"] = {{"size", g.size},
                  {"rank", g.rank >= 0 ? json(g.rank) : json(nullptr)},
                  {"devices", g.devices},
@@ -182,6 +188,7 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
                  {"one_gpu_skipped", g.one_gpu_skipped},
                  {"scaling_efficiency", opt_num(g.scaling_efficiency)},
                  {"max_abs_vs_one_gpu", opt_num(g.max_abs_vs_one_gpu)},
+                 {"vs_one_gpu", vs},
                  {"bitwise_vs_one_gpu", g.bitwise_vs_one_gpu}};
   }
   j["notes"] = r.notes;

@@ -416,18 +416,49 @@ struct Session::Impl {
   static void compare_outputs(const KernelOutputs& a, const KernelOutputs& b, RingRecord* info) {
     double worst = 0;
     bool same = true;
-    auto one = [&](const std::optional<HostArray>& x, const std::optional<HostArray>& y) {
+    auto one = [&](const char* name, const std::optional<HostArray>& x, const std::optional<HostArray>& y) {
       if (!x || !y) return;
       same = same && x->bytes == y->bytes;
+      RingRecord::VsOneGpu d;
+      d.name = name;
+      double diff2 = 0, ref2 = 0;
       for (int64_t i = 0; i < x->numel(); ++i) {
         const double u = element_as_double(*x, i), v = element_as_double(*y, i);
+        if (std::isfinite(v)) ref2 += v * v;
         if (u == v) continue;  // equal infinities (an empty row's lse) included
-        worst = std::max(worst, std::isfinite(u - v) ? std::fabs(u - v) : std::numeric_limits<double>::infinity());
+        const double e = std::isfinite(u - v) ? std::fabs(u - v) : std::numeric_limits<double>::infinity();
+        d.max_abs = std::max(d.max_abs, e);
+        diff2 += e * e;
       }
+      d.rel_l2 = ref2 > 0 ? std::sqrt(diff2 / ref2) : (diff2 > 0 ? std::numeric_limits<double>::infinity() : 0.0);
+      worst = std::max(worst, d.max_abs);
+      info->vs_one_gpu.push_back(d);
     };
-    one(a.o, b.o), one(a.lse, b.lse), one(a.dq, b.dq), one(a.dk, b.dk), one(a.dv, b.dv);
+    one("O", a.o, b.o), one("lse", a.lse, b.lse), one("dQ", a.dq, b.dq), one("dK", a.dk, b.dk), one("dV", a.dv, b.dv);
     info->max_abs_vs_one_gpu = worst;
     info->bitwise_vs_one_gpu = same;
+  }
+
+  // --check on a ring: each output against the one-GPU run as well, by the check's own metric
+  // and tolerance for it; a difference beyond it fails the check.
+  static void judge_vs_one_gpu(RunRecord& rec) {
+    if (!rec.ring || !rec.check.performed) return;
+    for (RingRecord::VsOneGpu& d : rec.ring->vs_one_gpu) {
+      for (const OutputCheck& o : rec.check.outputs) {
+        if (o.name != d.name) continue;
+        d.metric = o.metric;
+        d.measured = o.metric == "rel_l2" ? d.rel_l2 : d.max_abs;
+        d.tolerance = o.tolerance;
+        d.passed = d.measured <= d.tolerance;
+        if (!d.passed) {
+          rec.check.passed = false;
+          char buf[200];
+          std::snprintf(buf, sizeof buf, "ring vs one GPU: %s %s %.3g > tolerance %.3g", d.name.c_str(),
+                        d.metric.c_str(), d.measured, d.tolerance);
+          rec.notes.push_back(buf);
+        }
+      }
+    }
   }
 
   // ---- validation -------------------------------------------------------------------------------
@@ -622,7 +653,10 @@ RunRecord Session::run(const KernelMode& e) {
   if (!fallback.empty()) rec.notes.push_back(fallback);
   const std::string fault = inject_fault_if_asked(e.kernel, rec.outputs);
   if (!fault.empty()) rec.notes.push_back(fault);
-  if (s.opt.check && (!rec.ring || s.ring->root())) s.validate(e, rec);  // a ring's root has the outputs
+  if (s.opt.check && (!rec.ring || s.ring->root())) {  // a ring's root has the outputs
+    s.validate(e, rec);
+    Impl::judge_vs_one_gpu(rec);
+  }
 
   const double sec = rec.timing.median_ms * 1e-3;
   if (sec > 0) {

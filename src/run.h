@@ -83,6 +83,16 @@ struct RingRecord {
   // element (lse included), and whether they are identical bit for bit.
   double max_abs_vs_one_gpu = -1;
   bool bitwise_vs_one_gpu = false;
+  // With --check, every element of each output against the one-GPU run, in the check's metric
+  // for that output (max abs, or relative L2 for fp32) and held to the check's tolerance: the
+  // dtype's rule, on the whole tensor rather than the sampled rows.
+  struct VsOneGpu {
+    std::string name, metric;
+    double max_abs = 0, rel_l2 = 0;  // the differences, both metrics
+    double measured = 0, tolerance = 0;
+    bool passed = true;
+  };
+  std::vector<VsOneGpu> vs_one_gpu;
 };
 
 // What became of one (kernel, mode) of a run. The report and the JSON spell it status_name().
