@@ -17,6 +17,7 @@
 #include "gpu_context.h"
 #include "nvtx.h"
 #include "params_build.h"
+#include "ring_block.h"
 #include "ring_plan.h"
 #include "timing.h"
 
@@ -75,9 +76,6 @@ void nccl_check(ncclResult_t r, const char* what, const char* file, int line) {
                      " failed: " + ncclGetErrorString(r));
 }
 #define NCCL_CHECK(expr) nccl_check((expr), #expr, __FILE__, __LINE__)
-
-// Contiguous [B, H, S, D] strides (every ring buffer).
-Strides packed(int H, int S, int D) { return {int64_t(H) * S * D, int64_t(S) * D, D}; }
 
 char* at(const DeviceBuffer& b, int64_t bytes) { return static_cast<char*>(b.get()) + bytes; }
 
@@ -141,49 +139,34 @@ struct Ring::Impl {
   void use(const Dev& d) const { CUDA_CHECK(cudaSetDevice(d.id)); }
 
   // ---- one block ------------------------------------------------------------------------------
+  RingBlockBuffers buffers(const Dev& d, const Step& st) const {
+    RingBlockBuffers b;
+    b.q = d.q.get();
+    b.kv = kv_for(d, st).get();
+    b.o_part = d.o_part.get();
+    b.lse_part = d.lse_part.get();
+    b.seqlens = static_cast<const int32_t*>(st.seqlens.get());
+    b.workspace = d.ws.get();
+    b.workspace_bytes = d.ws_bytes;
+    b.o = d.o.get();
+    b.lse = st.call.q_row0 == 0 ? d.lse.get() : d.lse_b.get();  // the block's rows, contiguous
+    b.dout = d.dout.get();
+    b.dq_part = d.dq_part.get();
+    b.dkv_part = d.dkv_part.get();
+    return b;
+  }
+
   FwdParams block_params(const Dev& d, const Step& st) const {
-    const RingCall& c = st.call;
-    const int len = d.shard.len(), len_src = shard_len(st.src);
-    const int D = dims().D;
-    FwdParams f = forward_params(prob);
-    f.layout = Layout::BHSD;
-    f.S_q = c.q_rows, f.S_k = c.k_rows;
-    f.causal = c.causal;
-    f.window_left = -1;
-    f.window_right = c.causal ? 0 : -1;
-    f.mask = MaskView{};
-    f.seqlens_k = static_cast<const int32_t*>(st.seqlens.get());
-    const char* kv = static_cast<const char*>(kv_for(d, st).get());
-    f.q = at(d.q, int64_t(c.q_row0) * D * es());
-    f.q_st = packed(dims().H, len, D);
-    f.k = kv + int64_t(c.k_row0) * D * es();
-    f.v = kv + (kv_elems(len_src) + int64_t(c.k_row0) * D) * es();
-    f.k_st = f.v_st = packed(dims().H_kv, len_src, D);
-    f.o = d.o_part.get();
-    f.o_st = packed(dims().H, c.q_rows, D);
-    f.lse = d.lse_part.get();
-    f.workspace = d.ws.get();
-    f.workspace_bytes = d.ws_bytes;
+    FwdParams f = ring_block_fwd(prob, d.shard.len(), shard_len(st.src), st.call, buffers(d, st));
     f.num_sms = d.info->sm_count;
     f.deterministic = deterministic;
     return f;
   }
 
   BwdParams block_bwd_params(const Dev& d, const Step& st) const {
-    const RingCall& c = st.call;
-    const int D = dims().D;
-    BwdParams b;
-    static_cast<FwdParams&>(b) = block_params(d, st);
-    b.o = at(d.o, int64_t(c.q_row0) * D * es());
-    b.o_st = b.q_st;
-    b.lse = c.q_row0 == 0 ? d.lse.get() : d.lse_b.get();
-    b.dout = at(d.dout, int64_t(c.q_row0) * D * es());
-    b.do_st = b.q_st;
-    b.dq = d.dq_part.get();
-    b.dq_st = packed(dims().H, c.q_rows, D);
-    b.dk = d.dkv_part.get();
-    b.dv = at(d.dkv_part, kv_elems(c.k_rows) * int64_t(es()));
-    b.dk_st = b.dv_st = packed(dims().H_kv, c.k_rows, D);
+    BwdParams b = ring_block_bwd(prob, d.shard.len(), shard_len(st.src), st.call, buffers(d, st));
+    b.num_sms = d.info->sm_count;
+    b.deterministic = deterministic;
     return b;
   }
 
