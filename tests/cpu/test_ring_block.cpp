@@ -192,7 +192,7 @@ TEST_P(RingOnHost, EqualsTheWholeProblem) {
     const int len = sh[r].len();
     // lse of the second chunk's rows, contiguous (what a block of those rows reads).
     Vec lse_b(size_t(B) * H * sh[r].len_b);
-    for (int bh = 0; bh < B * H; ++bh)
+    for (int bh = 0; bh < B * H && sh[r].len_b > 0; ++bh)
       std::copy_n(&lse_sh[r][size_t(bh) * len + sh[r].len_a], sh[r].len_b, &lse_b[size_t(bh) * sh[r].len_b]);
     for (int s = 0; s < N; ++s) {
       const int src = ((r - s - 1) % N + N) % N;
