@@ -395,28 +395,11 @@ struct Session::Impl {
     try {
       GpuRun one = run_gpu(e, timed);
       if (timed) *one_gpu_ms = one.timing.median_ms;
-      compare_outputs(r.out, one.out, info);
+      compare_ring_outputs(r.out, one.out, info);
     } catch (const InputError& x) {
       info->one_gpu_skipped = x.what();
     }
     return r;
-  }
-
-  static void compare_outputs(const KernelOutputs& a, const KernelOutputs& b, RingRecord* info) {
-    double worst = 0;
-    bool same = true;
-    auto one = [&](const std::optional<HostArray>& x, const std::optional<HostArray>& y) {
-      if (!x || !y) return;
-      same = same && x->bytes == y->bytes;
-      for (int64_t i = 0; i < x->numel(); ++i) {
-        const double u = element_as_double(*x, i), v = element_as_double(*y, i);
-        if (u == v) continue;  // equal infinities (an empty row's lse) included
-        worst = std::max(worst, std::isfinite(u - v) ? std::fabs(u - v) : std::numeric_limits<double>::infinity());
-      }
-    };
-    one(a.o, b.o), one(a.lse, b.lse), one(a.dq, b.dq), one(a.dk, b.dk), one(a.dv, b.dv);
-    info->max_abs_vs_one_gpu = worst;
-    info->bitwise_vs_one_gpu = same;
   }
 
   // ---- validation -------------------------------------------------------------------------------
@@ -523,38 +506,6 @@ Session::~Session() {
 const DeviceInfo* Session::device() const { return impl_->dev ? &*impl_->dev : nullptr; }
 const RunInputs& Session::inputs() const { return impl_->in; }
 const SessionOptions& Session::options() const { return impl_->opt; }
-
-namespace {
-
-// The console's line for a ring run: per-GPU throughput, what the transfers cost, the scaling.
-std::string ring_note(const RingRecord& g, double median_ms) {
-  std::string ids, tf;
-  for (size_t i = 0; i < g.devices.size(); ++i) {
-    ids += (i ? "," : "") + std::to_string(g.devices[i]);
-    char b[32];
-    std::snprintf(b, sizeof b, "%s%.0f", i ? ", " : "", i < g.tflops_per_gpu.size() ? g.tflops_per_gpu[i] : 0.0);
-    tf += b;
-  }
-  char buf[400];
-  std::snprintf(buf, sizeof buf, "ring over GPUs %s (zig-zag): TFLOP/s per GPU %s; transfers not hidden %.3f ms of %.3f",
-                ids.c_str(), tf.c_str(), g.exposed_comm_ms, g.profiled_ms);
-  std::string s = buf;
-  if (g.one_gpu_median_ms > 0) {
-    std::snprintf(buf, sizeof buf, "; one GPU %.4g ms, scaling efficiency %.3f (%.4g / (%zu x %.4g))", g.one_gpu_median_ms,
-                  g.scaling_efficiency, g.one_gpu_median_ms, g.devices.size(), median_ms);
-    s += buf;
-  } else if (!g.one_gpu_skipped.empty()) {
-    s += "; one GPU not run: " + g.one_gpu_skipped;
-  }
-  if (g.max_abs_vs_one_gpu >= 0) {
-    std::snprintf(buf, sizeof buf, "; outputs vs one GPU: %s (max abs %.3g)",
-                  g.bitwise_vs_one_gpu ? "bitwise identical" : "differ", g.max_abs_vs_one_gpu);
-    s += buf;
-  }
-  return s;
-}
-
-}  // namespace
 
 RunRecord Session::run(const KernelMode& e) {
   Impl& s = *impl_;
