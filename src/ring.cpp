@@ -23,6 +23,7 @@
 #include "params_build.h"
 #include "ring_block.h"
 #include "ring_plan.h"
+#include "ring_shards.h"
 #include "timing.h"
 
 #ifdef FLASHATTN_HAVE_NCCL
@@ -31,20 +32,6 @@
 #endif
 
 namespace flashattn {
-
-std::string why_ring_unsupported(const KernelMode& e, const Problem& p, int n_devices) {
-  if (n_devices < 2) return "--devices: a ring needs at least two GPUs";
-  if (!e.gpu) return "kernel '" + e.kernel + "' runs on the host: a ring runs GPU kernels";
-  if (!e.partial_outputs)
-    return "kernel '" + e.kernel + "' does not declare partial outputs (O and lse of a block, and a backward "
-           "against given O and lse), which a ring merges";
-  if (p.dims.S_q != p.dims.S_k)
-    return "a ring shards one sequence for queries and keys: S_q (" + std::to_string(p.dims.S_q) +
-           ") must equal S_k (" + std::to_string(p.dims.S_k) + ")";
-  if (p.has_mask) return "a ring does not carry an additive mask";
-  if (p.window_left >= 0 || p.window_right >= 0) return "a ring does not carry a window (causal is supported)";
-  return "";
-}
 
 #ifndef FLASHATTN_HAVE_NCCL
 
@@ -402,40 +389,23 @@ struct Ring::Impl {
   // ---- shards ---------------------------------------------------------------------------------
   // Rows of `a` (the problem's layout, [B, heads, S, D]) that `shard` holds, as [B, heads, len, D].
   HostArray shard_rows(const HostArray& a, int heads, const RingShard& shard) const {
-    const int D = dims().D, len = shard.len();
-    HostArray out(a.dtype, {dims().B, heads, len, D});
-    const Strides st = layout_strides(prob.layout, heads, dims().S_q, D);
-    const size_t row_bytes = size_t(D) * dtype_size(a.dtype);
-    for (int b = 0; b < dims().B; ++b)
-      for (int h = 0; h < heads; ++h)
-        for (int i = 0; i < len; ++i) {
-          const int64_t from = b * st.batch + h * st.head + int64_t(shard.global(i)) * st.row;
-          const int64_t to = ((int64_t(b) * heads + h) * len + i) * D;
-          std::memcpy(out.bytes.data() + to * dtype_size(a.dtype), a.bytes.data() + from * dtype_size(a.dtype),
-                      row_bytes);
-        }
+    HostArray out(a.dtype, {dims().B, heads, shard.len(), dims().D});
+    ring_gather_rows(a.bytes.data(), layout_strides(prob.layout, heads, dims().S_q, dims().D), dtype_size(a.dtype),
+                     dims().B, heads, dims().D, shard, out.bytes.data());
     return out;
   }
 
-  // The inverse: a device shard [B, heads, len, D] (`rows` elements of width D per (b, head))
-  // into its rows of `out` (problem layout, or [B, H, S] for lse with D = 1).
+  // The inverse, from the device: a shard [B, heads, len, D] of `buf` (from element
+  // `offset_elems`) into its rows of `out` (problem layout, or [B, H, S] for lse with D = 1).
   void unshard(const DeviceBuffer& buf, int64_t offset_elems, DType t, int heads, int D, bool lse_like,
                const RingShard& shard, HostArray* out) const {
-    const int len = shard.len();
-    std::vector<unsigned char> host(size_t(dims().B) * heads * len * D * dtype_size(t));
-    if (!host.empty())
-      CUDA_CHECK(cudaMemcpy(host.data(), at(buf, offset_elems * int64_t(dtype_size(t))), host.size(),
-                            cudaMemcpyDeviceToHost));
+    const size_t bytes = size_t(dims().B) * heads * shard.len() * D * dtype_size(t);
+    if (bytes == 0) return;
+    std::vector<unsigned char> host(bytes);
+    CUDA_CHECK(cudaMemcpy(host.data(), at(buf, offset_elems * int64_t(dtype_size(t))), bytes, cudaMemcpyDeviceToHost));
     const Strides st = lse_like ? Strides{int64_t(heads) * dims().S_q, dims().S_q, 1}
                                 : layout_strides(prob.layout, heads, dims().S_q, D);
-    const size_t row_bytes = size_t(D) * dtype_size(t);
-    for (int b = 0; b < dims().B; ++b)
-      for (int h = 0; h < heads; ++h)
-        for (int i = 0; i < len; ++i) {
-          const int64_t to = b * st.batch + h * st.head + int64_t(shard.global(i)) * st.row;
-          const int64_t from = ((int64_t(b) * heads + h) * len + i) * D;
-          std::memcpy(out->bytes.data() + to * dtype_size(t), host.data() + from * dtype_size(t), row_bytes);
-        }
+    ring_scatter_rows(host.data(), dtype_size(t), dims().B, heads, D, shard, st, out->bytes.data());
   }
 
   void allocate(Dev& d, const RunInputs& in) {

@@ -33,6 +33,17 @@ std::string ring_unavailable();
 // S_q != S_k).
 std::string why_ring_unsupported(const KernelMode& e, const Problem& p, int n_devices);
 
+// The ring's outputs against the same kernel's on one GPU: `info`'s max_abs_vs_one_gpu,
+// bitwise_vs_one_gpu and the per-output differences of vs_one_gpu.
+void compare_ring_outputs(const KernelOutputs& ring, const KernelOutputs& one_gpu, RingRecord* info);
+
+// With --check: each output's difference from the one-GPU run held to the check's metric and
+// tolerance for that output (rec.ring->vs_one_gpu); one beyond it fails the check, with a note.
+void judge_ring_vs_one_gpu(RunRecord& rec);
+
+// The console's note for a ring run (per-GPU throughput, transfers not hidden, the scaling).
+std::string ring_note(const RingRecord& g, double median_ms);
+
 // What one instrumented repetition of a ring run saw, from events on every GPU's streams.
 struct RingProfile {
   std::vector<double> compute_ms;  // per GPU: its compute stream's time from start to its last block

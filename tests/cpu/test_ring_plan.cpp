@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ring_plan.h"
+#include "ring_shards.h"
 
 namespace flashattn {
 namespace {
@@ -77,6 +78,33 @@ TEST(RingPlan, KeyPaddingIsAPrefixOfEachBlock) {
             for (int j = 0; j < c.k_rows; ++j)
               EXPECT_EQ(j < n, kv.global(c.k_row0 + j) < L) << "S=" << S << " N=" << N << " L=" << L << " key " << j;
           }
+}
+
+}  // namespace
+}  // namespace flashattn
+
+namespace flashattn {
+namespace {
+
+// Gathering every rank's rows and scattering them back gives the tensor again, in either layout.
+TEST(RingPlan, ShardRowsRoundTrip) {
+  const int B = 2, heads = 3, S = 19, width = 4, N = 3;
+  for (bool bshd : {false, true}) {
+    const Strides st = bshd ? Strides{int64_t(S) * heads * width, width, int64_t(heads) * width}
+                            : Strides{int64_t(heads) * S * width, int64_t(S) * width, width};
+    std::vector<float> whole(size_t(B) * heads * S * width), back(whole.size(), -1.f);
+    for (size_t i = 0; i < whole.size(); ++i) whole[i] = float(i);
+    for (int r = 0; r < N; ++r) {
+      const RingShard sh = ring_shard(S, N, r);
+      std::vector<float> rows(size_t(B) * heads * sh.len() * width);
+      ring_gather_rows(whole.data(), st, sizeof(float), B, heads, width, sh, rows.data());
+      if (sh.len()) {
+        EXPECT_EQ(rows[0], whole[size_t(sh.global(0)) * st.row]);  // (b 0, h 0, first row)
+      }
+      ring_scatter_rows(rows.data(), sizeof(float), B, heads, width, sh, st, back.data());
+    }
+    EXPECT_EQ(back, whole) << (bshd ? "bshd" : "bhsd");
+  }
 }
 
 }  // namespace

@@ -1,0 +1,105 @@
+// The ring's host-side rules and records (ring.h): whether a kernel and a problem can run as a
+// ring, how its outputs compare with the same kernel on one GPU, and its line on the console.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+
+#include "ring.h"
+
+namespace flashattn {
+
+std::string why_ring_unsupported(const KernelMode& e, const Problem& p, int n_devices) {
+  if (n_devices < 2) return "--devices: a ring needs at least two GPUs";
+  if (!e.gpu) return "kernel '" + e.kernel + "' runs on the host: a ring runs GPU kernels";
+  if (!e.partial_outputs)
+    return "kernel '" + e.kernel + "' does not declare partial outputs (O and lse of a block, and a backward "
+           "against given O and lse), which a ring merges";
+  if (p.dims.S_q != p.dims.S_k)
+    return "a ring shards one sequence for queries and keys: S_q (" + std::to_string(p.dims.S_q) +
+           ") must equal S_k (" + std::to_string(p.dims.S_k) + ")";
+  if (p.has_mask) return "a ring does not carry an additive mask";
+  if (p.window_left >= 0 || p.window_right >= 0) return "a ring does not carry a window (causal is supported)";
+  return "";
+}
+
+void compare_ring_outputs(const KernelOutputs& a, const KernelOutputs& b, RingRecord* info) {
+  double worst = 0;
+  bool same = true;
+  auto one = [&](const char* name, const std::optional<HostArray>& x, const std::optional<HostArray>& y) {
+    if (!x || !y) return;
+    same = same && x->bytes == y->bytes;
+    RingRecord::VsOneGpu d;
+    d.name = name;
+    double diff2 = 0, ref2 = 0;
+    for (int64_t i = 0; i < x->numel(); ++i) {
+      const double u = element_as_double(*x, i), v = element_as_double(*y, i);
+      if (std::isfinite(v)) ref2 += v * v;
+      if (u == v) continue;  // equal infinities (an empty row's lse) included
+      const double e = std::isfinite(u - v) ? std::fabs(u - v) : std::numeric_limits<double>::infinity();
+      d.max_abs = std::max(d.max_abs, e);
+      diff2 += e * e;
+    }
+    d.rel_l2 = ref2 > 0 ? std::sqrt(diff2 / ref2) : (diff2 > 0 ? std::numeric_limits<double>::infinity() : 0.0);
+    worst = std::max(worst, d.max_abs);
+    info->vs_one_gpu.push_back(d);
+  };
+  one("O", a.o, b.o), one("lse", a.lse, b.lse), one("dQ", a.dq, b.dq), one("dK", a.dk, b.dk), one("dV", a.dv, b.dv);
+  info->max_abs_vs_one_gpu = worst;
+  info->bitwise_vs_one_gpu = same;
+}
+
+// --check on a ring: each output against the one-GPU run as well, by the check's own metric
+// and tolerance for it; a difference beyond it fails the check.
+void judge_ring_vs_one_gpu(RunRecord& rec) {
+  if (!rec.ring || !rec.check.performed) return;
+  for (RingRecord::VsOneGpu& d : rec.ring->vs_one_gpu) {
+    for (const OutputCheck& o : rec.check.outputs) {
+      if (o.name != d.name) continue;
+      d.metric = o.metric;
+      d.measured = o.metric == "rel_l2" ? d.rel_l2 : d.max_abs;
+      d.tolerance = o.tolerance;
+      d.passed = d.measured <= d.tolerance;
+      if (!d.passed) {
+        rec.check.passed = false;
+        char buf[200];
+        std::snprintf(buf, sizeof buf, "ring vs one GPU: %s %s %.3g > tolerance %.3g", d.name.c_str(),
+                      d.metric.c_str(), d.measured, d.tolerance);
+        rec.notes.push_back(buf);
+      }
+    }
+  }
+}
+
+// The console's line for a ring run: per-GPU throughput, what the transfers cost, the scaling.
+std::string ring_note(const RingRecord& g, double median_ms) {
+  std::string ids, tf;
+  for (size_t i = 0; i < g.devices.size(); ++i) {
+    ids += (i ? "," : "") + std::to_string(g.devices[i]);
+    char b[32];
+    std::snprintf(b, sizeof b, "%s%.0f", i ? ", " : "", i < g.tflops_per_gpu.size() ? g.tflops_per_gpu[i] : 0.0);
+    tf += b;
+  }
+  char buf[400];
+  std::string who = "ring over GPUs " + ids;
+  if (g.rank >= 0) who = "ring of " + std::to_string(g.size) + " processes (rank " + std::to_string(g.rank) + " on GPU " + ids + ")";
+  std::snprintf(buf, sizeof buf, "%s (zig-zag): TFLOP/s per GPU %s; transfers not hidden %.3f ms of %.3f, link %.0f GB/s",
+                who.c_str(), tf.c_str(), g.exposed_comm_ms, g.profiled_ms, g.link_gbps);
+  std::string s = buf;
+  if (g.one_gpu_median_ms > 0) {
+    std::snprintf(buf, sizeof buf, "; one GPU %.4g ms, scaling efficiency %.3f (%.4g / (%d x %.4g))", g.one_gpu_median_ms,
+                  g.scaling_efficiency, g.one_gpu_median_ms, g.size, median_ms);
+    s += buf;
+  } else if (!g.one_gpu_skipped.empty()) {
+    s += "; one GPU not run: " + g.one_gpu_skipped;
+  }
+  if (g.max_abs_vs_one_gpu >= 0) {
+    std::snprintf(buf, sizeof buf, "; outputs vs one GPU: %s (max abs %.3g)",
+                  g.bitwise_vs_one_gpu ? "bitwise identical" : "differ", g.max_abs_vs_one_gpu);
+    s += buf;
+  }
+  return s;
+}
+
+}  // namespace flashattn
