@@ -311,10 +311,10 @@ struct Ring::Impl {
   // `offset_elems`) into its rows of `out` (problem layout, or [B, H, S] for lse with D = 1).
   void unshard(const DeviceBuffer& buf, int64_t offset_elems, DType t, int heads, int D, bool lse_like,
                const RingShard& shard, HostArray* out) const {
-    std::vector<unsigned char> host(size_t(dims().B) * heads * shard.len() * D * dtype_size(t));
-    if (host.empty()) return;
-    CUDA_CHECK(cudaMemcpy(host.data(), at(buf, offset_elems * int64_t(dtype_size(t))), host.size(),
-                          cudaMemcpyDeviceToHost));
+    const size_t bytes = size_t(dims().B) * heads * shard.len() * D * dtype_size(t);
+    if (bytes == 0) return;
+    std::vector<unsigned char> host(bytes);
+    CUDA_CHECK(cudaMemcpy(host.data(), at(buf, offset_elems * int64_t(dtype_size(t))), bytes, cudaMemcpyDeviceToHost));
     const Strides st = lse_like ? Strides{int64_t(heads) * dims().S_q, dims().S_q, 1}
                                 : layout_strides(prob.layout, heads, dims().S_q, D);
     ring_scatter_rows(host.data(), dtype_size(t), dims().B, heads, D, shard, st, out->bytes.data());
