@@ -17,7 +17,9 @@ runs the same fixed number of repetitions (each is a set of collectives between 
 noise rule could stop one rank before the other); each repetition is enqueued behind a stream hold
 (libflashattn_capi) released once it is enqueued, with the L2 flushed before its start event, so
 no host time falls inside its events; a repetition whose hold timed out (the call waited for the
-GPU) is counted in the record's `hold_timeouts`. Backward times the whole backward of one forward
+GPU) is counted in the record's `hold_timeouts`. A call that waits for the GPU on the host cannot
+be held: a first held warm-up call tells (every rank agrees through an all-reduce), and then the
+point is timed without the hold (`timing.held` false, and a note says so). Backward times the whole backward of one forward
 (autograd), as flashattn times its backward kernels. Median and min over the repetitions of rank
 0; per-GPU TFLOP/s = the point's FLOPs (flashattn's convention) / N / median.
 
@@ -39,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers_capi  # noqa: E402
 
 HOLD_TIMEOUT_S = 2.0
+PROBE_TIMEOUT_S = 0.5
 GEN_Q, GEN_K, GEN_V, GEN_DO = 1, 2, 3, 4
 
 
@@ -81,6 +84,7 @@ def main():
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._attention import _cp_options as cp_options
     from torch.distributed.tensor.experimental._attention import context_parallel_unshard
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -98,24 +102,40 @@ def main():
         capi.fill_normal(t.data_ptr(), dt, t.numel(), a.seed, tensor, torch.cuda.current_stream().cuda_stream)
         return t
 
-    def timed(fn):
-        """Fixed-count held-stream timing on the current stream: (samples ms, hold timeouts)."""
+    def timed(fn, ring=False):
+        """Fixed-count timing on the current stream: (samples ms, hold timeouts, held).
+
+        Each repetition is enqueued behind a stream hold. A call that waits for the GPU on the host
+        cannot be held (the hold would only time out): the first held warm-up call tells, and on a
+        ring every rank takes the same decision (an all-reduce outside the timed region), since
+        each rank must run the same calls."""
         stream = torch.cuda.current_stream()
-        for _ in range(a.warmup):
+        t0 = hold.timeouts()
+        hold.enqueue(stream.cuda_stream, PROBE_TIMEOUT_S)
+        fn()
+        hold.release()
+        torch.cuda.synchronize()
+        waited = torch.tensor([float(hold.timeouts() > t0)], device="cuda")
+        if ring:
+            dist.all_reduce(waited, op=dist.ReduceOp.MAX)
+        held = waited.item() == 0
+        for _ in range(a.warmup - 1):
             fn()
         torch.cuda.synchronize()
         samples, timeouts0 = [], hold.timeouts()
         for _ in range(a.repeat):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            hold.enqueue(stream.cuda_stream, HOLD_TIMEOUT_S)
+            if held:
+                hold.enqueue(stream.cuda_stream, HOLD_TIMEOUT_S)
             flush.enqueue(stream.cuda_stream)
             start.record(stream)
             fn()
             end.record(stream)
-            hold.release()
+            if held:
+                hold.release()
             end.synchronize()
             samples.append(start.elapsed_time(end))
-        return samples, hold.timeouts() - timeouts0
+        return samples, hold.timeouts() - timeouts0, held
 
     def run(q, k, v, dout, causal, mode, gqa):
         """The call `mode` times: forward returns O; backward returns dQ, dK, dV of a forward and
@@ -143,6 +163,9 @@ def main():
             rec = {"kernel": f"torch-cp-{a.backend}", "mode": mode, "gpu": True, "status": "ok", "reason": "",
                    "shape": {"B": B, "H": H, "H_kv": Hkv, "S_q": S, "S_k": S, "D": D}, "dtype": dt,
                    "layout": "bhsd", "flags": {"causal": causal}, "notes": []}
+            if rank == 0:
+                print(f"[{datetime.datetime.now():%H:%M:%S}] {mode} B{B} H{H}/{Hkv} S{S} D{D}{' causal' if causal else ''}",
+                      file=sys.stderr, flush=True)
             try:
                 # One GPU, unsharded (rank 0; the others wait at the barrier).
                 one_ms, ref = None, None
@@ -151,16 +174,22 @@ def main():
                         fn = run(*full, causal, mode, gqa)
                         ref = fn()
                         ref = [r.detach().clone() for r in (ref if isinstance(ref, tuple) else (ref,))]
-                        s1, _ = timed(fn)
+                        s1, _, _ = timed(fn)
                     one_ms = statistics.median(s1)
+                    if mode == "backward":  # the same subtraction as the ring's, on one GPU
+                        one_ms -= times.get("one_forward", 0.0)
+                    else:
+                        times["one_forward"] = one_ms
                 dist.barrier()
+                if hasattr(cp_options, "enable_load_balance"):  # PyTorch balances causal rings only
+                    cp_options.enable_load_balance = causal
                 shards = [t.detach().clone() for t in full]
                 with sdpa_kernel(backend), context_parallel(mesh, buffers=shards, buffer_seq_dims=[2, 2, 2, 2],
                                                             no_restore_buffers=set(shards)):
                     fn = run(*shards, causal, mode, gqa)
                     out = fn()
                     out = list(out if isinstance(out, tuple) else (out,))
-                    samples, timeouts = timed(fn)
+                    samples, timeouts, held = timed(fn, ring=True)
                     out = context_parallel_unshard(mesh, out, [2] * len(out))
                 if mode == "backward":  # forward + backward timed: take the forward away
                     samples = [s - times.get("forward", 0.0) for s in samples]
@@ -169,7 +198,7 @@ def main():
                 median = statistics.median(samples)
                 f = flops(B, H, S, D, causal, mode)
                 rec["timing"] = {"unit": "ms", "method": "held_stream", "median_ms": median, "min_ms": min(samples),
-                                 "max_ms": max(samples), "samples_ms": samples, "warmup": a.warmup,
+                                 "max_ms": max(samples), "samples_ms": samples, "warmup": a.warmup, "held": held,
                                  "repeat": a.repeat, "hold_timeouts": timeouts, "l2_flush": True}
                 rec["throughput"] = {"flops": f, "tflops": f / (median * 1e-3) / 1e12}
                 if rank == 0:
@@ -181,7 +210,11 @@ def main():
                                    "one_gpu_median_ms": one_ms, "scaling_efficiency": one_ms / (world * median),
                                    "max_abs_vs_one_gpu": diff}
                     if mode == "backward":
-                        rec["notes"].append("backward = median(forward + backward) - median(forward), both rings")
+                        rec["notes"].append("backward = median(forward + backward) - median(forward), on the ring "
+                                            "and on one GPU alike")
+                    if not held:
+                        rec["notes"].append("the call waits for the GPU on the host: timed without the stream hold "
+                                            "(host time can fall inside its events)")
                     if timeouts:
                         rec["notes"].append(f"{timeouts} repetitions' holds timed out (host time may be inside)")
             except Exception as e:  # noqa: BLE001 - recorded, the other points go on
