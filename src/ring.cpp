@@ -1,3 +1,5 @@
+// The ring (ring.h): its GPUs set up (one process driving them all, or one rank of several),
+// the shards in and the outputs gathered out; the steps of a repetition are src/ring_steps.cpp.
 #include "ring.h"
 
 #include <cuda_runtime_api.h>
@@ -29,6 +31,8 @@
 #ifdef FLASHATTN_HAVE_NCCL
 #include <nccl.h>
 #include <unistd.h>
+
+#include "ring_impl.h"
 #endif
 
 namespace flashattn {
@@ -62,418 +66,95 @@ size_t Ring::bytes_per_device() const { return 0; }
 
 std::string ring_unavailable() { return ""; }
 
-namespace {
+using namespace ring_detail;
 
-void nccl_check(ncclResult_t r, const char* what, const char* file, int line) {
-  if (r == ncclSuccess) return;
-  throw RuntimeError(std::string(file) + ":" + std::to_string(line) + ": " + what +
-                     " failed: " + ncclGetErrorString(r));
-}
-#define NCCL_CHECK(expr) nccl_check((expr), #expr, __FILE__, __LINE__)
-
-char* at(const DeviceBuffer& b, int64_t bytes) { return static_cast<char*>(b.get()) + bytes; }
-
-cudaEvent_t make_event(bool timing) {
-  cudaEvent_t e = nullptr;
-  CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
-  return e;
+// ---- shards -------------------------------------------------------------------------------------
+// Rows of `a` (the problem's layout, [B, heads, S, D]) that `shard` holds, as [B, heads, len, D].
+HostArray Ring::Impl::shard_rows(const HostArray& a, int heads, const RingShard& shard) const {
+  HostArray out(a.dtype, {dims().B, heads, shard.len(), dims().D});
+  ring_gather_rows(a.bytes.data(), layout_strides(prob.layout, heads, dims().S_q, dims().D), dtype_size(a.dtype),
+                   dims().B, heads, dims().D, shard, out.bytes.data());
+  return out;
 }
 
-}  // namespace
+// The inverse, from the device: a shard [B, heads, len, D] of `buf` (from element
+// `offset_elems`) into its rows of `out` (problem layout, or [B, H, S] for lse with D = 1).
+void Ring::Impl::unshard(const DeviceBuffer& buf, int64_t offset_elems, DType t, int heads, int D, bool lse_like,
+                         const RingShard& shard, HostArray* out) const {
+  const size_t bytes = size_t(dims().B) * heads * shard.len() * D * dtype_size(t);
+  if (bytes == 0) return;
+  std::vector<unsigned char> host(bytes);
+  CUDA_CHECK(cudaMemcpy(host.data(), at(buf, offset_elems * int64_t(dtype_size(t))), bytes, cudaMemcpyDeviceToHost));
+  const Strides st = lse_like ? Strides{int64_t(heads) * dims().S_q, dims().S_q, 1}
+                              : layout_strides(prob.layout, heads, dims().S_q, D);
+  ring_scatter_rows(host.data(), dtype_size(t), dims().B, heads, D, shard, st, out->bytes.data());
+}
 
-struct Ring::Impl {
-  // The block a rank computes against source `src`'s K/V shard (the same whichever step it falls
-  // on), and its keys below each batch element's length.
-  struct Block {
-    RingCall call;
-    DeviceBuffer seqlens;  // int32 [B]; empty without key padding
-  };
-  struct Dev {
-    int id = -1, rank = 0;
-    // compute: the kernels; comm: NCCL; merge: the element-wise work around them (merges,
-    // accumulations), off the kernels' stream so it runs under the next block.
-    cudaStream_t compute = nullptr, comm = nullptr, merge = nullptr;
-    ncclComm_t nccl = nullptr;
-    std::optional<DeviceInfo> info;
-    LaunchContext ctx;
-    std::unique_ptr<L2Flusher> flusher;  // ranks > 0 (rank 0's is the caller's timer)
-    RingShard shard;
-    std::vector<Block> blocks;  // by source rank
-    // Inputs: Q, dO [B, H, len, D]; the own K/V shard and two receive buffers, each K then V
-    // ([B, H_kv, len_src, D] each), sized for the longest shard.
-    DeviceBuffer q, dout, kv_own, kv[2];
-    // Forward: the running result (fp32), two blocks' partial results (one being merged while
-    // the next is computed), the outputs.
-    DeviceBuffer o_acc, lse, o_part[2], lse_part[2], o;
-    // Backward: lse of the second chunk's rows (contiguous), dQ's accumulator, two blocks'
-    // gradients (dQ; dK then dV), the travelling dK/dV accumulators (fp32, dK then dV), outputs.
-    DeviceBuffer lse_b, dq_acc, dq_part[2], dkv_part[2], acc[2], dq, dkv;
-    DeviceBuffer ws;
-    size_t ws_bytes = 0;
-    // Per step: its block computed, merged (or accumulated), its K/V arrived, its dK/dV
-    // accumulators sent on (and the next step's arrived).
-    std::vector<cudaEvent_t> computed, merged, kv_arrived, acc_arrived;
-    cudaEvent_t done = nullptr;
-  };
-
-  std::vector<int> ids;
-  std::vector<Dev> devs;
-  const KernelMode* entry = nullptr;      // the run's entry (forward or backward)
-  const KernelMode* fwd_entry = nullptr;  // its forward
-  Problem prob;
-  bool deterministic = false;
-  bool backward = false;
-  cudaEvent_t start = nullptr;  // on rank 0
-  size_t bytes_held = 0;
-
-  int world = 0;        // GPUs in the ring
-  bool multi = false;   // ranks in several processes (devs holds this process's one)
-  bool root() const { return !multi || devs[0].rank == 0; }
-  int n() const { return world; }
-  const Dims& dims() const { return prob.dims; }
-  size_t es() const { return dtype_size(prob.dtype); }
-  int next(int r) const { return (r + 1) % n(); }
-  int prev(int r) const { return (r + n() - 1) % n(); }
-  int64_t q_elems(int len) const { return int64_t(dims().B) * dims().H * len * dims().D; }
-  int64_t kv_elems(int len) const { return int64_t(dims().B) * dims().H_kv * len * dims().D; }
-  int shard_len(int rank) const { return ring_shard(dims().S_q, n(), rank).len(); }
-
-  // ---- the order of the steps -----------------------------------------------------------------
-  // Forward: the own shard first (no wait), then the shards of r-1, r-2, ... as they arrive.
-  // Backward: the own shard last, so each dK/dV accumulator ends its trip at its owner, having
-  // taken in the owner's block last: no hop after the last step (the forward's order would end
-  // with every accumulator one hop from home, a transfer nothing overlaps). The price is the
-  // first step's K/V, which has to arrive before anything starts (half the bytes of that hop).
-  // Step -1 stands for "before the first step": its shard is the own one.
-  int src_of(int r, int s) const {
-    const int shift = backward ? s + 1 : s;
-    return ((r - shift) % n() + n()) % n();
-  }
-  // The K/V buffer step s computes from: the own shard, or the receive buffer it arrived in.
-  bool own_step(int s) const { return s < 0 || (backward ? s == n() - 1 : s == 0); }
-  const DeviceBuffer& kv_buffer(const Dev& d, int s) const {
-    if (own_step(s)) return d.kv_own;
-    return d.kv[(backward ? s : s - 1) & 1];
-  }
-
-  // ---- one block ------------------------------------------------------------------------------
-  RingBlockBuffers buffers(const Dev& d, int s, int part) const {
+void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
+  const int len = d.shard.len(), max_kv = max_len();
+  const size_t e = es(), B = dims().B, H = dims().H;
+  // The largest block any step computes (rows of Q and of K), for the partial buffers; the
+  // workspace for the largest any call asks (the forward's too: a backward runs it first).
+  int q_rows = 0, k_rows = 0;
+  d.ws_bytes = 0;
+  for (int s = 0; s < n(); ++s) {
     const RingCall& c = d.blocks[src_of(d.rank, s)].call;
-    RingBlockBuffers b;
-    b.q = d.q.get();
-    b.kv = kv_buffer(d, s).get();
-    b.o_part = d.o_part[part].get();
-    b.lse_part = d.lse_part[part].get();
-    b.seqlens = static_cast<const int32_t*>(d.blocks[src_of(d.rank, s)].seqlens.get());
-    b.workspace = d.ws.get();
-    b.workspace_bytes = d.ws_bytes;
-    b.o = d.o.get();
-    b.lse = c.q_row0 == 0 ? d.lse.get() : d.lse_b.get();  // the block's rows, contiguous
-    b.dout = d.dout.get();
-    b.dq_part = d.dq_part[part].get();
-    b.dkv_part = d.dkv_part[part].get();
-    return b;
+    q_rows = std::max(q_rows, c.q_rows), k_rows = std::max(k_rows, c.k_rows);
+    if (c.skip) continue;
+    if (backward && entry->bwd_workspace) d.ws_bytes = std::max(d.ws_bytes, entry->bwd_workspace(block_bwd_params(d, s, 0)));
+    if (fwd_entry->fwd_workspace) d.ws_bytes = std::max(d.ws_bytes, fwd_entry->fwd_workspace(block_params(d, s, 0)));
   }
-
-  FwdParams block_params(const Dev& d, int s, int part) const {
-    const int src = src_of(d.rank, s);
-    FwdParams f = ring_block_fwd(prob, d.shard.len(), shard_len(src), d.blocks[src].call, buffers(d, s, part));
-    f.num_sms = d.info->sm_count;
-    f.deterministic = deterministic;
-    return f;
-  }
-
-  BwdParams block_bwd_params(const Dev& d, int s, int part) const {
-    const int src = src_of(d.rank, s);
-    BwdParams b = ring_block_bwd(prob, d.shard.len(), shard_len(src), d.blocks[src].call, buffers(d, s, part));
-    b.num_sms = d.info->sm_count;
-    b.deterministic = deterministic;
-    return b;
-  }
-
-  size_t kv_bytes_of(int rank) const { return 2 * kv_elems(shard_len(rank)) * es(); }
-  size_t acc_bytes_of(int rank) const { return 2 * kv_elems(shard_len(rank)) * sizeof(float); }
-
-  struct Timeline {  // profile(): timing events, per device
-    std::vector<cudaEvent_t> begin, end;
-    std::vector<std::vector<cudaEvent_t>> wait_in, wait_out;  // waits for a transfer
-    std::vector<std::vector<cudaEvent_t>> comm_in, comm_out;  // around each transfer
-    std::vector<std::vector<double>> comm_bytes;              // received by each transfer
-  };
-
-  void use(const Dev& d) const { CUDA_CHECK(cudaSetDevice(d.id)); }
-  void init_dev(Dev& d, int id, int rank, ncclComm_t comm, bool flusher);
-
-  // ---- transfers ------------------------------------------------------------------------------
-  // Every rank sends `send(r)` (the buffer of the block it used at step s: bytes_of(src) bytes)
-  // to the next rank and receives from the previous one into `recv(r)`: one NCCL group over all
-  // devices (one thread drives them all).
-  template <class SendBuf, class RecvBuf, class Bytes>
-  void ring_shift(int s, SendBuf send, RecvBuf recv, Bytes bytes_of, Timeline* tl) {
-    if (tl)
-      for (Dev& d : devs) {
-        use(d);
-        tl->comm_in[d.rank].push_back(make_event(true));
-        CUDA_CHECK(cudaEventRecord(tl->comm_in[d.rank].back(), d.comm));
-      }
-    NCCL_CHECK(ncclGroupStart());
-    for (Dev& d : devs) {
-      const size_t out = bytes_of(src_of(d.rank, s)), in = bytes_of(src_of(prev(d.rank), s));
-      if (out) NCCL_CHECK(ncclSend(send(d), out, ncclUint8, next(d.rank), d.nccl, d.comm));
-      if (in) NCCL_CHECK(ncclRecv(recv(d), in, ncclUint8, prev(d.rank), d.nccl, d.comm));
-      if (tl) tl->comm_bytes[d.rank].push_back(double(in));
-    }
-    NCCL_CHECK(ncclGroupEnd());
-    if (tl)
-      for (Dev& d : devs) {
-        use(d);
-        tl->comm_out[d.rank].push_back(make_event(true));
-        CUDA_CHECK(cudaEventRecord(tl->comm_out[d.rank].back(), d.comm));
-      }
-  }
-
-  // The K/V of step s into its buffer (each rank passes on what it used at step s - 1), once the
-  // buffer is free (step s - 2 computed from it). Steps on the own shard need none.
-  void fetch_kv(int s, Timeline* tl) {
-    if (s >= n() || own_step(s)) return;
-    for (Dev& d : devs) {
-      use(d);
-      if (s >= 2) CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.computed[s - 2], 0));
-    }
-    ring_shift(
-        s - 1, [&](Dev& d) { return kv_buffer(d, s - 1).get(); }, [&](Dev& d) { return kv_buffer(d, s).get(); },
-        [&](int r) { return kv_bytes_of(r); }, tl);
-    for (Dev& d : devs) {
-      use(d);
-      CUDA_CHECK(cudaEventRecord(d.kv_arrived[s], d.comm));
+  // Q, dO, the own K/V and two receive buffers, the workspace; the forward's running result,
+  // two partial results and O; the backward's accumulators, two partial gradients, outputs.
+  size_t need = 2 * q_elems(len) * e + 3 * size_t(2 * kv_elems(max_kv)) * e + d.ws_bytes;
+  need += q_elems(len) * (4 + e) + B * H * len * 4 + 2 * (q_elems(q_rows) * e + B * H * q_rows * 4);
+  if (backward)
+    need += q_elems(len) * (4 + e) + B * H * d.shard.len_b * 4 + 2 * (q_elems(q_rows) + 2 * kv_elems(k_rows)) * e +
+            2 * size_t(2 * kv_elems(max_kv)) * 4 + 2 * kv_elems(len) * e;
+  use(d);
+  require_device_memory(entry->kernel + " (ring rank " + std::to_string(d.rank) + ")", need, d.id);
+  bytes_held = std::max(bytes_held, need);
+  d.q = upload_array(shard_rows(in.q, dims().H, d.shard));
+  {
+    const HostArray k = shard_rows(in.k, dims().H_kv, d.shard), v = shard_rows(in.v, dims().H_kv, d.shard);
+    d.kv_own = DeviceBuffer(k.nbytes() + v.nbytes());
+    if (k.nbytes()) {
+      CUDA_CHECK(cudaMemcpy(d.kv_own.get(), k.bytes.data(), k.nbytes(), cudaMemcpyHostToDevice));
+      CUDA_CHECK(cudaMemcpy(at(d.kv_own, int64_t(k.nbytes())), v.bytes.data(), v.nbytes(), cudaMemcpyHostToDevice));
     }
   }
-
-  // ---- a repetition ---------------------------------------------------------------------------
-  // `stream` waits for `e`, a transfer's end; timed under profile().
-  void wait_for(Dev& d, cudaStream_t stream, cudaEvent_t e, Timeline* tl) {
-    if (tl) {
-      tl->wait_in[d.rank].push_back(make_event(true));
-      CUDA_CHECK(cudaEventRecord(tl->wait_in[d.rank].back(), stream));
-    }
-    CUDA_CHECK(cudaStreamWaitEvent(stream, e, 0));
-    if (tl) {
-      tl->wait_out[d.rank].push_back(make_event(true));
-      CUDA_CHECK(cudaEventRecord(tl->wait_out[d.rank].back(), stream));
-    }
+  for (DeviceBuffer& b : d.kv) b = DeviceBuffer(2 * kv_elems(max_kv) * e);
+  d.o_acc = DeviceBuffer(q_elems(len) * 4);
+  d.lse = DeviceBuffer(B * H * len * 4);
+  for (int i = 0; i < 2; ++i) {
+    d.o_part[i] = DeviceBuffer(q_elems(q_rows) * e);
+    d.lse_part[i] = DeviceBuffer(B * H * q_rows * 4);
   }
-
-  // The last step whose block is not empty (the own block, step 0 of the forward, never is
-  // unless the shard is).
-  int last_block(const Dev& d) const {
-    int last = -1;
-    for (int s = 0; s < n(); ++s)
-      if (!d.blocks[src_of(d.rank, s)].call.skip) last = s;
-    return last;
-  }
-
-  void enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
-    CUDA_CHECK(cudaSetDevice(devs[0].id));
-    CUDA_CHECK(cudaEventRecord(start, stream0));
-    for (Dev& d : devs) {
-      use(d);
-      if (flush && d.flusher) d.flusher->flush(d.compute);  // while rank 0 flushes before `start`
-      for (cudaStream_t st : {d.compute, d.comm, d.merge}) CUDA_CHECK(cudaStreamWaitEvent(st, start, 0));
-      if (tl) CUDA_CHECK(cudaEventRecord(tl->begin[d.rank], d.compute));
-      if (backward) {
-        ring_fill(static_cast<float*>(d.dq_acc.get()), 0.f, q_elems(d.shard.len()), d.merge);
-        ring_fill(static_cast<float*>(d.acc[0].get()), 0.f, 2 * kv_elems(max_len()), d.merge);
-      }
-    }
-    fetch_kv(0, tl);  // the backward's first shard (nothing to overlap it with)
-    for (int s = 0; s < n(); ++s) {
-      NvtxRange range("ring step " + std::to_string(s));
-      fetch_kv(s + 1, tl);  // the next step's K/V travels while this step computes
-      for (Dev& d : devs) {
-        use(d);
-        if (!own_step(s)) wait_for(d, d.compute, d.kv_arrived[s], tl);
-        // The partial buffers of step s were merged from at step s - 2.
-        if (s >= 2) CUDA_CHECK(cudaStreamWaitEvent(d.compute, d.merged[s - 2], 0));
-        const Block& blk = d.blocks[src_of(d.rank, s)];
-        if (!blk.call.skip) {
-          if (backward)
-            entry->bwd(block_bwd_params(d, s, s & 1), d.ctx);
-          else
-            entry->fwd(block_params(d, s, s & 1), d.ctx);
-        }
-        CUDA_CHECK(cudaEventRecord(d.computed[s], d.compute));
-        CUDA_CHECK(cudaStreamWaitEvent(d.merge, d.computed[s], 0));
-        if (backward)
-          accumulate_step(d, s, tl);
-        else
-          merge_step(d, s);
-        CUDA_CHECK(cudaEventRecord(d.merged[s], d.merge));
-      }
-      if (backward && s + 1 < n()) {  // the accumulators move on to the rank that computes them next
-        for (Dev& d : devs) {
-          use(d);
-          CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.merged[s], 0));
-        }
-        ring_shift(
-            s, [&](Dev& d) { return d.acc[s & 1].get(); }, [&](Dev& d) { return d.acc[(s + 1) & 1].get(); },
-            [&](int r) { return acc_bytes_of(r); }, tl);
-        for (Dev& d : devs) {
-          use(d);
-          CUDA_CHECK(cudaEventRecord(d.acc_arrived[s], d.comm));
-        }
-      }
-    }
-    for (Dev& d : devs) {
-      use(d);
-      const int len = d.shard.len();
-      if (backward) {  // the last step's block was the own one: its accumulator is complete here
-        ring_round(prob.dtype, static_cast<const float*>(d.dq_acc.get()), d.dq.get(), q_elems(len), d.merge);
-        ring_round(prob.dtype, static_cast<const float*>(d.acc[(n() - 1) & 1].get()), d.dkv.get(), 2 * kv_elems(len),
-                   d.merge);
-      }
-      if (tl) CUDA_CHECK(cudaEventRecord(tl->end[d.rank], d.merge));
-      CUDA_CHECK(cudaEventRecord(d.done, d.merge));
-    }
-    CUDA_CHECK(cudaSetDevice(devs[0].id));
-    for (Dev& d : devs) CUDA_CHECK(cudaStreamWaitEvent(stream0, d.done, 0));
-  }
-
-  int max_len() const {
-    int m = 0;
-    for (int r = 0; r < n(); ++r) m = std::max(m, shard_len(r));
-    return m;
-  }
-
-  // Forward, on the merge stream: the first block becomes the running result, the last one is
-  // merged and the output written in the dtype in the same pass, the others are merged.
-  void merge_step(Dev& d, int s) {
-    const RingCall& c = d.blocks[src_of(d.rank, s)].call;
-    const int len = d.shard.len(), last = last_block(d);
-    if (c.skip || last < 0) return;
-    const int B = dims().B, H = dims().H, D = dims().D;
-    const void* o_part = d.o_part[s & 1].get();
-    const float* lse_part = static_cast<const float*>(d.lse_part[s & 1].get());
-    float* o_acc = static_cast<float*>(d.o_acc.get());
-    float* lse = static_cast<float*>(d.lse.get());
-    if (s == 0 && last == 0) {  // the only block: it is the result
-      CUDA_CHECK(cudaMemcpyAsync(d.o.get(), o_part, q_elems(len) * es(), cudaMemcpyDeviceToDevice, d.merge));
-      CUDA_CHECK(cudaMemcpyAsync(lse, lse_part, size_t(B) * H * len * sizeof(float), cudaMemcpyDeviceToDevice,
-                                 d.merge));
-    } else if (s == 0) {  // the own block covers every row of the shard
-      ring_merge_first(prob.dtype, o_part, lse_part, o_acc, lse, int64_t(B) * H * len, D, d.merge);
-    } else if (s == last) {
-      ring_merge_last(prob.dtype, o_part, lse_part, o_acc, lse, d.o.get(), B, H, c.q_rows, c.q_row0, len, D, d.merge);
-    } else {
-      ring_merge_block(prob.dtype, o_part, lse_part, o_acc, lse, B, H, c.q_rows, c.q_row0, len, D, d.merge);
-    }
-  }
-
-  // Backward, on the merge stream: dQ into its accumulator, dK/dV into the travelling one (which
-  // arrived with the previous step's transfer).
-  void accumulate_step(Dev& d, int s, Timeline* tl) {
-    const int src = src_of(d.rank, s);
-    const RingCall& c = d.blocks[src].call;
-    const int len = d.shard.len(), len_src = shard_len(src);
-    if (s > 0) wait_for(d, d.merge, d.acc_arrived[s - 1], tl);
-    if (c.skip) return;
-    const int B = dims().B, D = dims().D;
-    ring_accumulate(prob.dtype, d.dq_part[s & 1].get(), static_cast<float*>(d.dq_acc.get()), B, dims().H, c.q_rows,
-                    c.q_row0, len, D, d.merge);
-    float* acc = static_cast<float*>(d.acc[s & 1].get());
-    const DeviceBuffer& part = d.dkv_part[s & 1];
-    ring_accumulate(prob.dtype, part.get(), acc, B, dims().H_kv, c.k_rows, c.k_row0, len_src, D, d.merge);
-    ring_accumulate(prob.dtype, at(part, kv_elems(c.k_rows) * int64_t(es())), acc + kv_elems(len_src), B, dims().H_kv,
-                    c.k_rows, c.k_row0, len_src, D, d.merge);
-  }
-
-  // ---- shards ---------------------------------------------------------------------------------
-  // Rows of `a` (the problem's layout, [B, heads, S, D]) that `shard` holds, as [B, heads, len, D].
-  HostArray shard_rows(const HostArray& a, int heads, const RingShard& shard) const {
-    HostArray out(a.dtype, {dims().B, heads, shard.len(), dims().D});
-    ring_gather_rows(a.bytes.data(), layout_strides(prob.layout, heads, dims().S_q, dims().D), dtype_size(a.dtype),
-                     dims().B, heads, dims().D, shard, out.bytes.data());
-    return out;
-  }
-
-  // The inverse, from the device: a shard [B, heads, len, D] of `buf` (from element
-  // `offset_elems`) into its rows of `out` (problem layout, or [B, H, S] for lse with D = 1).
-  void unshard(const DeviceBuffer& buf, int64_t offset_elems, DType t, int heads, int D, bool lse_like,
-               const RingShard& shard, HostArray* out) const {
-    const size_t bytes = size_t(dims().B) * heads * shard.len() * D * dtype_size(t);
-    if (bytes == 0) return;
-    std::vector<unsigned char> host(bytes);
-    CUDA_CHECK(cudaMemcpy(host.data(), at(buf, offset_elems * int64_t(dtype_size(t))), bytes, cudaMemcpyDeviceToHost));
-    const Strides st = lse_like ? Strides{int64_t(heads) * dims().S_q, dims().S_q, 1}
-                                : layout_strides(prob.layout, heads, dims().S_q, D);
-    ring_scatter_rows(host.data(), dtype_size(t), dims().B, heads, D, shard, st, out->bytes.data());
-  }
-
-  void allocate(Dev& d, const RunInputs& in) {
-    const int len = d.shard.len(), max_kv = max_len();
-    const size_t e = es(), B = dims().B, H = dims().H;
-    // The largest block any step computes (rows of Q and of K), for the partial buffers; the
-    // workspace for the largest any call asks (the forward's too: a backward runs it first).
-    int q_rows = 0, k_rows = 0;
-    d.ws_bytes = 0;
-    for (int s = 0; s < n(); ++s) {
-      const RingCall& c = d.blocks[src_of(d.rank, s)].call;
-      q_rows = std::max(q_rows, c.q_rows), k_rows = std::max(k_rows, c.k_rows);
-      if (c.skip) continue;
-      if (backward && entry->bwd_workspace) d.ws_bytes = std::max(d.ws_bytes, entry->bwd_workspace(block_bwd_params(d, s, 0)));
-      if (fwd_entry->fwd_workspace) d.ws_bytes = std::max(d.ws_bytes, fwd_entry->fwd_workspace(block_params(d, s, 0)));
-    }
-    // Q, dO, the own K/V and two receive buffers, the workspace; the forward's running result,
-    // two partial results and O; the backward's accumulators, two partial gradients, outputs.
-    size_t need = 2 * q_elems(len) * e + 3 * size_t(2 * kv_elems(max_kv)) * e + d.ws_bytes;
-    need += q_elems(len) * (4 + e) + B * H * len * 4 + 2 * (q_elems(q_rows) * e + B * H * q_rows * 4);
-    if (backward)
-      need += q_elems(len) * (4 + e) + B * H * d.shard.len_b * 4 + 2 * (q_elems(q_rows) + 2 * kv_elems(k_rows)) * e +
-              2 * size_t(2 * kv_elems(max_kv)) * 4 + 2 * kv_elems(len) * e;
-    use(d);
-    require_device_memory(entry->kernel + " (ring rank " + std::to_string(d.rank) + ")", need, d.id);
-    bytes_held = std::max(bytes_held, need);
-    d.q = upload_array(shard_rows(in.q, dims().H, d.shard));
-    {
-      const HostArray k = shard_rows(in.k, dims().H_kv, d.shard), v = shard_rows(in.v, dims().H_kv, d.shard);
-      d.kv_own = DeviceBuffer(k.nbytes() + v.nbytes());
-      if (k.nbytes()) {
-        CUDA_CHECK(cudaMemcpy(d.kv_own.get(), k.bytes.data(), k.nbytes(), cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(at(d.kv_own, int64_t(k.nbytes())), v.bytes.data(), v.nbytes(), cudaMemcpyHostToDevice));
-      }
-    }
-    for (DeviceBuffer& b : d.kv) b = DeviceBuffer(2 * kv_elems(max_kv) * e);
-    d.o_acc = DeviceBuffer(q_elems(len) * 4);
-    d.lse = DeviceBuffer(B * H * len * 4);
+  d.o = DeviceBuffer(q_elems(len) * e);
+  d.ws = DeviceBuffer(d.ws_bytes);
+  if (d.ws_bytes) CUDA_CHECK(cudaMemset(d.ws.get(), 0xFF, d.ws_bytes));  // undefined to the kernel
+  if (backward) {
+    d.dout = upload_array(shard_rows(*in.dout, dims().H, d.shard));
+    d.lse_b = DeviceBuffer(B * H * d.shard.len_b * 4);
+    d.dq_acc = DeviceBuffer(q_elems(len) * 4);
     for (int i = 0; i < 2; ++i) {
-      d.o_part[i] = DeviceBuffer(q_elems(q_rows) * e);
-      d.lse_part[i] = DeviceBuffer(B * H * q_rows * 4);
+      d.dq_part[i] = DeviceBuffer(q_elems(q_rows) * e);
+      d.dkv_part[i] = DeviceBuffer(2 * kv_elems(k_rows) * e);
+      d.acc[i] = DeviceBuffer(2 * kv_elems(max_kv) * 4);
     }
-    d.o = DeviceBuffer(q_elems(len) * e);
-    d.ws = DeviceBuffer(d.ws_bytes);
-    if (d.ws_bytes) CUDA_CHECK(cudaMemset(d.ws.get(), 0xFF, d.ws_bytes));  // undefined to the kernel
-    if (backward) {
-      d.dout = upload_array(shard_rows(*in.dout, dims().H, d.shard));
-      d.lse_b = DeviceBuffer(B * H * d.shard.len_b * 4);
-      d.dq_acc = DeviceBuffer(q_elems(len) * 4);
-      for (int i = 0; i < 2; ++i) {
-        d.dq_part[i] = DeviceBuffer(q_elems(q_rows) * e);
-        d.dkv_part[i] = DeviceBuffer(2 * kv_elems(k_rows) * e);
-        d.acc[i] = DeviceBuffer(2 * kv_elems(max_kv) * 4);
-      }
-      d.dq = DeviceBuffer(q_elems(len) * e);
-      d.dkv = DeviceBuffer(2 * kv_elems(len) * e);
-    }
-    const int32_t* seqlens = in.seqlens_k ? in.seqlens_k->data<int32_t>() : nullptr;
-    for (int src = 0; src < n() && seqlens; ++src) {
-      Block& blk = d.blocks[src];
-      HostArray local(DType::I32, {dims().B});
-      const RingShard kv = ring_shard(dims().S_k, n(), src);
-      for (int b = 0; b < dims().B; ++b)
-        local.data<int32_t>()[b] = ring_local_seqlen(kv, blk.call.k_row0, blk.call.k_rows, seqlens[b]);
-      blk.seqlens = upload_array(local);
-    }
+    d.dq = DeviceBuffer(q_elems(len) * e);
+    d.dkv = DeviceBuffer(2 * kv_elems(len) * e);
   }
-};
+  const int32_t* seqlens = in.seqlens_k ? in.seqlens_k->data<int32_t>() : nullptr;
+  for (int src = 0; src < n() && seqlens; ++src) {
+    Block& blk = d.blocks[src];
+    HostArray local(DType::I32, {dims().B});
+    const RingShard kv = ring_shard(dims().S_k, n(), src);
+    for (int b = 0; b < dims().B; ++b)
+      local.data<int32_t>()[b] = ring_local_seqlen(kv, blk.call.k_row0, blk.call.k_rows, seqlens[b]);
+    blk.seqlens = upload_array(local);
+  }
+}
 
 namespace {
 
@@ -518,7 +199,13 @@ void Ring::Impl::init_dev(Dev& d, int id, int rank, ncclComm_t comm, bool flushe
   use(d);
   d.info = query_device(d.id);
   CUDA_CHECK(cudaStreamCreateWithFlags(&d.compute, cudaStreamNonBlocking));
-  CUDA_CHECK(cudaStreamCreateWithFlags(&d.comm, cudaStreamNonBlocking));
+  // The transfers' stream at the highest priority: NCCL's kernels need SMs, and a block's kernel
+  // fills them all; at a higher priority their CTAs go first as soon as any SM frees, so a
+  // transfer enqueued while a block computes (the backward's accumulators) is not held until the
+  // block's last CTA has run.
+  int lowest = 0, highest = 0;
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
+  CUDA_CHECK(cudaStreamCreateWithPriority(&d.comm, cudaStreamNonBlocking, highest));
   CUDA_CHECK(cudaStreamCreateWithFlags(&d.merge, cudaStreamNonBlocking));
   d.ctx = gpu_launch_context(*d.info, d.id, d.compute);
   if (flusher) d.flusher = std::make_unique<L2Flusher>(d.info->l2_bytes);
@@ -640,8 +327,6 @@ void Ring::poison_outputs() {
   }
 }
 
-void Ring::enqueue(cudaStream_t stream0, bool flush) { impl_->enqueue(stream0, flush, nullptr); }
-
 KernelOutputs Ring::gather() const {
   const Impl& s = *impl_;
   const Dims& dm = s.dims();
@@ -701,51 +386,6 @@ KernelOutputs Ring::gather() const {
       s.unshard(from[r], 0, pc.t, pc.heads, pc.D, pc.lse_like, ring_shard(dm.S_q, s.n(), r), &**pc.out);
   }
   return out;
-}
-
-RingProfile Ring::profile(cudaStream_t stream0) {
-  Impl& s = *impl_;
-  Impl::Timeline tl;
-  for (auto* v : {&tl.wait_in, &tl.wait_out, &tl.comm_in, &tl.comm_out}) v->resize(s.n());
-  tl.comm_bytes.resize(s.n());
-  for (Impl::Dev& d : s.devs) {
-    s.use(d);
-    tl.begin.push_back(make_event(true));
-    tl.end.push_back(make_event(true));
-  }
-  s.enqueue(stream0, true, &tl);
-  RingProfile p;
-  for (Impl::Dev& d : s.devs) {
-    s.use(d);
-    CUDA_CHECK(cudaStreamSynchronize(d.merge));
-    CUDA_CHECK(cudaStreamSynchronize(d.comm));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, tl.begin[d.rank], tl.end[d.rank]));
-    p.compute_ms.push_back(ms);
-    double waiting = 0;
-    for (size_t i = 0; i < tl.wait_in[d.rank].size(); ++i) {
-      CUDA_CHECK(cudaEventElapsedTime(&ms, tl.wait_in[d.rank][i], tl.wait_out[d.rank][i]));
-      waiting += ms;
-    }
-    // The link's rate: the best transfer's bytes over its time (a transfer's events also hold
-    // the wait for its partner, so the fastest is the closest to the link's own rate).
-    for (size_t i = 0; i < tl.comm_in[d.rank].size(); ++i) {
-      CUDA_CHECK(cudaEventElapsedTime(&ms, tl.comm_in[d.rank][i], tl.comm_out[d.rank][i]));
-      if (ms > 0 && tl.comm_bytes[d.rank][i] >= (1 << 20))
-        p.link_gbps = std::max(p.link_gbps, tl.comm_bytes[d.rank][i] / (ms * 1e-3) / 1e9);
-    }
-    p.waiting_ms.push_back(waiting);
-    p.total_ms = std::max(p.total_ms, p.compute_ms.back());
-    p.exposed_comm_ms = std::max(p.exposed_comm_ms, waiting);
-  }
-  for (Impl::Dev& d : s.devs) {
-    s.use(d);
-    for (cudaEvent_t e : {tl.begin[d.rank], tl.end[d.rank]}) cudaEventDestroy(e);
-    for (auto* v : {&tl.wait_in[d.rank], &tl.wait_out[d.rank], &tl.comm_in[d.rank], &tl.comm_out[d.rank]})
-      for (cudaEvent_t e : *v) cudaEventDestroy(e);
-  }
-  CUDA_CHECK(cudaSetDevice(s.devs[0].id));
-  return p;
 }
 
 std::vector<double> Ring::flops_per_device() const {

@@ -1,0 +1,230 @@
+// The ring's state (ring.h's Ring::Impl), shared by its two halves: src/ring.cpp (setting up,
+// shards in and out, gathering) and src/ring_steps.cpp (the steps of a repetition, transfers and
+// merges, and their profile). Only with NCCL.
+#pragma once
+
+#ifdef FLASHATTN_HAVE_NCCL
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "array.h"
+#include "device_buffer.h"
+#include "device_info.h"
+#include "flashattn/check.h"
+#include "flashattn/error.h"
+#include "gpu_context.h"
+#include "params_build.h"
+#include "ring.h"
+#include "ring_block.h"
+#include "ring_plan.h"
+#include "timing.h"
+
+namespace flashattn {
+
+namespace ring_detail {
+
+inline void nccl_check(ncclResult_t r, const char* what, const char* file, int line) {
+  if (r == ncclSuccess) return;
+  throw RuntimeError(std::string(file) + ":" + std::to_string(line) + ": " + what +
+                     " failed: " + ncclGetErrorString(r));
+}
+
+inline char* at(const DeviceBuffer& b, int64_t bytes) { return static_cast<char*>(b.get()) + bytes; }
+
+inline cudaEvent_t make_event(bool timing) {
+  cudaEvent_t e = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+  return e;
+}
+
+}  // namespace ring_detail
+
+#define NCCL_CHECK(expr) ::flashattn::ring_detail::nccl_check((expr), #expr, __FILE__, __LINE__)
+
+struct Ring::Impl {
+  // The block a rank computes against source `src`'s K/V shard (the same whichever step it falls
+  // on), and its keys below each batch element's length.
+  struct Block {
+    RingCall call;
+    DeviceBuffer seqlens;  // int32 [B]; empty without key padding
+  };
+  struct Dev {
+    int id = -1, rank = 0;
+    // compute: the kernels; comm: NCCL; merge: the element-wise work around them (merges,
+    // accumulations), off the kernels' stream so it runs under the next block.
+    cudaStream_t compute = nullptr, comm = nullptr, merge = nullptr;
+    ncclComm_t nccl = nullptr;
+    std::optional<DeviceInfo> info;
+    LaunchContext ctx;
+    std::unique_ptr<L2Flusher> flusher;  // ranks > 0 (rank 0's is the caller's timer)
+    RingShard shard;
+    std::vector<Block> blocks;  // by source rank
+    // Inputs: Q, dO [B, H, len, D]; the own K/V shard and two receive buffers, each K then V
+    // ([B, H_kv, len_src, D] each), sized for the longest shard.
+    DeviceBuffer q, dout, kv_own, kv[2];
+    // Forward: the running result (fp32), two blocks' partial results (one being merged while
+    // the next is computed), the outputs.
+    DeviceBuffer o_acc, lse, o_part[2], lse_part[2], o;
+    // Backward: lse of the second chunk's rows (contiguous), dQ's accumulator, two blocks'
+    // gradients (dQ; dK then dV), the travelling dK/dV accumulators (fp32, dK then dV), outputs.
+    DeviceBuffer lse_b, dq_acc, dq_part[2], dkv_part[2], acc[2], dq, dkv;
+    DeviceBuffer ws;
+    size_t ws_bytes = 0;
+    // Per step: its block computed, merged (or accumulated), its K/V arrived, its dK/dV
+    // accumulators sent on (and the next step's arrived).
+    std::vector<cudaEvent_t> computed, merged, kv_arrived, acc_arrived;
+    cudaEvent_t done = nullptr;
+  };
+
+  std::vector<int> ids;
+  std::vector<Dev> devs;
+  const KernelMode* entry = nullptr;      // the run's entry (forward or backward)
+  const KernelMode* fwd_entry = nullptr;  // its forward
+  Problem prob;
+  bool deterministic = false;
+  bool backward = false;
+  cudaEvent_t start = nullptr;  // on rank 0
+  size_t bytes_held = 0;
+
+  int world = 0;        // GPUs in the ring
+  bool multi = false;   // ranks in several processes (devs holds this process's one)
+  bool root() const { return !multi || devs[0].rank == 0; }
+  int n() const { return world; }
+  const Dims& dims() const { return prob.dims; }
+  size_t es() const { return dtype_size(prob.dtype); }
+  int next(int r) const { return (r + 1) % n(); }
+  int prev(int r) const { return (r + n() - 1) % n(); }
+  int64_t q_elems(int len) const { return int64_t(dims().B) * dims().H * len * dims().D; }
+  int64_t kv_elems(int len) const { return int64_t(dims().B) * dims().H_kv * len * dims().D; }
+  int shard_len(int rank) const { return ring_shard(dims().S_q, n(), rank).len(); }
+
+  // ---- the order of the steps -----------------------------------------------------------------
+  // Forward: the own shard first (no wait), then the shards of r-1, r-2, ... as they arrive.
+  // Backward: the own shard last, so each dK/dV accumulator ends its trip at its owner, having
+  // taken in the owner's block last: no hop after the last step (the forward's order would end
+  // with every accumulator one hop from home, a transfer nothing overlaps). The price is the
+  // first step's K/V, which has to arrive before anything starts (half the bytes of that hop).
+  // Step -1 stands for "before the first step": its shard is the own one.
+  int src_of(int r, int s) const {
+    const int shift = backward ? s + 1 : s;
+    return ((r - shift) % n() + n()) % n();
+  }
+  // The K/V buffer step s computes from: the own shard, or the receive buffer it arrived in.
+  bool own_step(int s) const { return s < 0 || (backward ? s == n() - 1 : s == 0); }
+  const DeviceBuffer& kv_buffer(const Dev& d, int s) const {
+    if (own_step(s)) return d.kv_own;
+    return d.kv[(backward ? s : s - 1) & 1];
+  }
+
+  // ---- one block ------------------------------------------------------------------------------
+  RingBlockBuffers buffers(const Dev& d, int s, int part) const {
+    const RingCall& c = d.blocks[src_of(d.rank, s)].call;
+    RingBlockBuffers b;
+    b.q = d.q.get();
+    b.kv = kv_buffer(d, s).get();
+    b.o_part = d.o_part[part].get();
+    b.lse_part = d.lse_part[part].get();
+    b.seqlens = static_cast<const int32_t*>(d.blocks[src_of(d.rank, s)].seqlens.get());
+    b.workspace = d.ws.get();
+    b.workspace_bytes = d.ws_bytes;
+    b.o = d.o.get();
+    b.lse = c.q_row0 == 0 ? d.lse.get() : d.lse_b.get();  // the block's rows, contiguous
+    b.dout = d.dout.get();
+    b.dq_part = d.dq_part[part].get();
+    b.dkv_part = d.dkv_part[part].get();
+    return b;
+  }
+
+  FwdParams block_params(const Dev& d, int s, int part) const {
+    const int src = src_of(d.rank, s);
+    FwdParams f = ring_block_fwd(prob, d.shard.len(), shard_len(src), d.blocks[src].call, buffers(d, s, part));
+    f.num_sms = d.info->sm_count;
+    f.deterministic = deterministic;
+    return f;
+  }
+
+  BwdParams block_bwd_params(const Dev& d, int s, int part) const {
+    const int src = src_of(d.rank, s);
+    BwdParams b = ring_block_bwd(prob, d.shard.len(), shard_len(src), d.blocks[src].call, buffers(d, s, part));
+    b.num_sms = d.info->sm_count;
+    b.deterministic = deterministic;
+    return b;
+  }
+
+  size_t kv_bytes_of(int rank) const { return 2 * kv_elems(shard_len(rank)) * es(); }
+  size_t acc_bytes_of(int rank) const { return 2 * kv_elems(shard_len(rank)) * sizeof(float); }
+
+  struct Timeline {  // profile(): timing events, per device
+    std::vector<cudaEvent_t> begin, end;
+    std::vector<cudaEvent_t> compute_end;                     // after the last block
+    std::vector<std::vector<cudaEvent_t>> wait_in, wait_out;  // waits for a transfer
+    std::vector<std::vector<char>> wait_on_compute;           // ... on the compute stream (else merge)
+    std::vector<std::vector<cudaEvent_t>> comm_in, comm_out;  // around each transfer
+    std::vector<std::vector<double>> comm_bytes;              // received by each transfer
+  };
+
+  void use(const Dev& d) const { CUDA_CHECK(cudaSetDevice(d.id)); }
+  void init_dev(Dev& d, int id, int rank, ncclComm_t comm, bool flusher);
+
+  // ---- transfers ------------------------------------------------------------------------------
+  // Every rank sends `send(r)` (the buffer of the block it used at step s: bytes_of(src) bytes)
+  // to the next rank and receives from the previous one into `recv(r)`: one NCCL group over all
+  // devices (one thread drives them all).
+  template <class SendBuf, class RecvBuf, class Bytes>
+  void ring_shift(int s, SendBuf send, RecvBuf recv, Bytes bytes_of, Timeline* tl);
+
+  // The K/V of step s into its buffer (each rank passes on what it used at step s - 1), once the
+  // buffer is free (step s - 2 computed from it). Steps on the own shard need none.
+  void fetch_kv(int s, Timeline* tl);
+
+  // ---- a repetition ---------------------------------------------------------------------------
+  // `stream` waits for `e`, a transfer's end; timed under profile().
+  void wait_for(Dev& d, cudaStream_t stream, cudaEvent_t e, Timeline* tl);
+
+  // The last step whose block is not empty (the own block, step 0 of the forward, never is
+  // unless the shard is).
+  int last_block(const Dev& d) const {
+    int last = -1;
+    for (int s = 0; s < n(); ++s)
+      if (!d.blocks[src_of(d.rank, s)].call.skip) last = s;
+    return last;
+  }
+
+  void enqueue(cudaStream_t stream0, bool flush, Timeline* tl);
+
+  int max_len() const {
+    int m = 0;
+    for (int r = 0; r < n(); ++r) m = std::max(m, shard_len(r));
+    return m;
+  }
+
+  // Forward, on the merge stream: the first block becomes the running result, the last one is
+  // merged and the output written in the dtype in the same pass, the others are merged.
+  void merge_step(Dev& d, int s);
+
+  // Backward, on the merge stream: dQ into its accumulator, dK/dV into the travelling one (which
+  // arrived with the previous step's transfer).
+  void accumulate_step(Dev& d, int s, Timeline* tl);
+
+  // ---- shards ---------------------------------------------------------------------------------
+  // Rows of `a` (the problem's layout, [B, heads, S, D]) that `shard` holds, as [B, heads, len, D].
+  HostArray shard_rows(const HostArray& a, int heads, const RingShard& shard) const;
+
+  // The inverse, from the device: a shard [B, heads, len, D] of `buf` (from element
+  // `offset_elems`) into its rows of `out` (problem layout, or [B, H, S] for lse with D = 1).
+  void unshard(const DeviceBuffer& buf, int64_t offset_elems, DType t, int heads, int D, bool lse_like,
+               const RingShard& shard, HostArray* out) const;
+
+  void allocate(Dev& d, const RunInputs& in);
+};
+
+}  // namespace flashattn
+
+#endif  // FLASHATTN_HAVE_NCCL

@@ -1,0 +1,246 @@
+// The steps of a ring repetition (ring_impl.h): K/V and the backward's accumulators passed
+// around the ring by NCCL on the transfer stream, each step's block on the compute stream, the
+// merges and accumulations on the merge stream under the next block; and the profile of one
+// repetition from events on every stream.
+#ifdef FLASHATTN_HAVE_NCCL
+
+#include <string>
+
+#include "flashattn/ring_ops.h"
+#include "nvtx.h"
+#include "ring_impl.h"
+
+namespace flashattn {
+
+using namespace ring_detail;
+
+// Every rank sends `send(r)` (the buffer of the block it used at step s: bytes_of(src) bytes)
+// to the next rank and receives from the previous one into `recv(r)`: one NCCL group over all
+// devices (one thread drives them all).
+template <class SendBuf, class RecvBuf, class Bytes>
+void Ring::Impl::ring_shift(int s, SendBuf send, RecvBuf recv, Bytes bytes_of, Timeline* tl) {
+  if (tl)
+    for (Dev& d : devs) {
+      use(d);
+      tl->comm_in[d.rank].push_back(make_event(true));
+      CUDA_CHECK(cudaEventRecord(tl->comm_in[d.rank].back(), d.comm));
+    }
+  NCCL_CHECK(ncclGroupStart());
+  for (Dev& d : devs) {
+    const size_t out = bytes_of(src_of(d.rank, s)), in = bytes_of(src_of(prev(d.rank), s));
+    if (out) NCCL_CHECK(ncclSend(send(d), out, ncclUint8, next(d.rank), d.nccl, d.comm));
+    if (in) NCCL_CHECK(ncclRecv(recv(d), in, ncclUint8, prev(d.rank), d.nccl, d.comm));
+    if (tl) tl->comm_bytes[d.rank].push_back(double(in));
+  }
+  NCCL_CHECK(ncclGroupEnd());
+  if (tl)
+    for (Dev& d : devs) {
+      use(d);
+      tl->comm_out[d.rank].push_back(make_event(true));
+      CUDA_CHECK(cudaEventRecord(tl->comm_out[d.rank].back(), d.comm));
+    }
+}
+
+// The K/V of step s into its buffer (each rank passes on what it used at step s - 1), once the
+// buffer is free (step s - 2 computed from it). Steps on the own shard need none.
+void Ring::Impl::fetch_kv(int s, Timeline* tl) {
+  if (s >= n() || own_step(s)) return;
+  for (Dev& d : devs) {
+    use(d);
+    if (s >= 2) CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.computed[s - 2], 0));
+  }
+  ring_shift(
+      s - 1, [&](Dev& d) { return kv_buffer(d, s - 1).get(); }, [&](Dev& d) { return kv_buffer(d, s).get(); },
+      [&](int r) { return kv_bytes_of(r); }, tl);
+  for (Dev& d : devs) {
+    use(d);
+    CUDA_CHECK(cudaEventRecord(d.kv_arrived[s], d.comm));
+  }
+}
+
+// `stream` waits for `e`, a transfer's end; timed under profile().
+void Ring::Impl::wait_for(Dev& d, cudaStream_t stream, cudaEvent_t e, Timeline* tl) {
+  if (tl) {
+    tl->wait_in[d.rank].push_back(make_event(true));
+    CUDA_CHECK(cudaEventRecord(tl->wait_in[d.rank].back(), stream));
+  }
+  CUDA_CHECK(cudaStreamWaitEvent(stream, e, 0));
+  if (tl) {
+    tl->wait_out[d.rank].push_back(make_event(true));
+    CUDA_CHECK(cudaEventRecord(tl->wait_out[d.rank].back(), stream));
+    tl->wait_on_compute[d.rank].push_back(stream == d.compute);
+  }
+}
+
+void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
+  CUDA_CHECK(cudaSetDevice(devs[0].id));
+  CUDA_CHECK(cudaEventRecord(start, stream0));
+  for (Dev& d : devs) {
+    use(d);
+    if (flush && d.flusher) d.flusher->flush(d.compute);  // while rank 0 flushes before `start`
+    for (cudaStream_t st : {d.compute, d.comm, d.merge}) CUDA_CHECK(cudaStreamWaitEvent(st, start, 0));
+    if (tl) CUDA_CHECK(cudaEventRecord(tl->begin[d.rank], d.compute));
+    if (backward) {
+      ring_fill(static_cast<float*>(d.dq_acc.get()), 0.f, q_elems(d.shard.len()), d.merge);
+      ring_fill(static_cast<float*>(d.acc[0].get()), 0.f, 2 * kv_elems(max_len()), d.merge);
+    }
+  }
+  fetch_kv(0, tl);  // the backward's first shard (nothing to overlap it with)
+  for (int s = 0; s < n(); ++s) {
+    NvtxRange range("ring step " + std::to_string(s));
+    fetch_kv(s + 1, tl);  // the next step's K/V travels while this step computes
+    for (Dev& d : devs) {
+      use(d);
+      if (!own_step(s)) wait_for(d, d.compute, d.kv_arrived[s], tl);
+      // The partial buffers of step s were merged from at step s - 2.
+      if (s >= 2) CUDA_CHECK(cudaStreamWaitEvent(d.compute, d.merged[s - 2], 0));
+      const Block& blk = d.blocks[src_of(d.rank, s)];
+      if (!blk.call.skip) {
+        if (backward)
+          entry->bwd(block_bwd_params(d, s, s & 1), d.ctx);
+        else
+          entry->fwd(block_params(d, s, s & 1), d.ctx);
+      }
+      CUDA_CHECK(cudaEventRecord(d.computed[s], d.compute));
+      CUDA_CHECK(cudaStreamWaitEvent(d.merge, d.computed[s], 0));
+      if (backward)
+        accumulate_step(d, s, tl);
+      else
+        merge_step(d, s);
+      CUDA_CHECK(cudaEventRecord(d.merged[s], d.merge));
+    }
+    if (backward && s + 1 < n()) {  // the accumulators move on to the rank that computes them next
+      for (Dev& d : devs) {
+        use(d);
+        CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.merged[s], 0));
+      }
+      ring_shift(
+          s, [&](Dev& d) { return d.acc[s & 1].get(); }, [&](Dev& d) { return d.acc[(s + 1) & 1].get(); },
+          [&](int r) { return acc_bytes_of(r); }, tl);
+      for (Dev& d : devs) {
+        use(d);
+        CUDA_CHECK(cudaEventRecord(d.acc_arrived[s], d.comm));
+      }
+    }
+  }
+  for (Dev& d : devs) {
+    use(d);
+    if (tl) CUDA_CHECK(cudaEventRecord(tl->compute_end[d.rank], d.compute));
+    const int len = d.shard.len();
+    if (backward) {  // the last step's block was the own one: its accumulator is complete here
+      ring_round(prob.dtype, static_cast<const float*>(d.dq_acc.get()), d.dq.get(), q_elems(len), d.merge);
+      ring_round(prob.dtype, static_cast<const float*>(d.acc[(n() - 1) & 1].get()), d.dkv.get(), 2 * kv_elems(len),
+                 d.merge);
+    }
+    if (tl) CUDA_CHECK(cudaEventRecord(tl->end[d.rank], d.merge));
+    CUDA_CHECK(cudaEventRecord(d.done, d.merge));
+  }
+  CUDA_CHECK(cudaSetDevice(devs[0].id));
+  for (Dev& d : devs) CUDA_CHECK(cudaStreamWaitEvent(stream0, d.done, 0));
+}
+
+// Forward, on the merge stream: the first block becomes the running result, the last one is
+// merged and the output written in the dtype in the same pass, the others are merged.
+void Ring::Impl::merge_step(Dev& d, int s) {
+  const RingCall& c = d.blocks[src_of(d.rank, s)].call;
+  const int len = d.shard.len(), last = last_block(d);
+  if (c.skip || last < 0) return;
+  const int B = dims().B, H = dims().H, D = dims().D;
+  const void* o_part = d.o_part[s & 1].get();
+  const float* lse_part = static_cast<const float*>(d.lse_part[s & 1].get());
+  float* o_acc = static_cast<float*>(d.o_acc.get());
+  float* lse = static_cast<float*>(d.lse.get());
+  if (s == 0 && last == 0) {  // the only block: it is the result
+    CUDA_CHECK(cudaMemcpyAsync(d.o.get(), o_part, q_elems(len) * es(), cudaMemcpyDeviceToDevice, d.merge));
+    CUDA_CHECK(cudaMemcpyAsync(lse, lse_part, size_t(B) * H * len * sizeof(float), cudaMemcpyDeviceToDevice,
+                               d.merge));
+  } else if (s == 0) {  // the own block covers every row of the shard
+    ring_merge_first(prob.dtype, o_part, lse_part, o_acc, lse, int64_t(B) * H * len, D, d.merge);
+  } else if (s == last) {
+    ring_merge_last(prob.dtype, o_part, lse_part, o_acc, lse, d.o.get(), B, H, c.q_rows, c.q_row0, len, D, d.merge);
+  } else {
+    ring_merge_block(prob.dtype, o_part, lse_part, o_acc, lse, B, H, c.q_rows, c.q_row0, len, D, d.merge);
+  }
+}
+
+// Backward, on the merge stream: dQ into its accumulator, dK/dV into the travelling one (which
+// arrived with the previous step's transfer).
+void Ring::Impl::accumulate_step(Dev& d, int s, Timeline* tl) {
+  const int src = src_of(d.rank, s);
+  const RingCall& c = d.blocks[src].call;
+  const int len = d.shard.len(), len_src = shard_len(src);
+  if (s > 0) wait_for(d, d.merge, d.acc_arrived[s - 1], tl);
+  if (c.skip) return;
+  const int B = dims().B, D = dims().D;
+  ring_accumulate(prob.dtype, d.dq_part[s & 1].get(), static_cast<float*>(d.dq_acc.get()), B, dims().H, c.q_rows,
+                  c.q_row0, len, D, d.merge);
+  float* acc = static_cast<float*>(d.acc[s & 1].get());
+  const DeviceBuffer& part = d.dkv_part[s & 1];
+  ring_accumulate(prob.dtype, part.get(), acc, B, dims().H_kv, c.k_rows, c.k_row0, len_src, D, d.merge);
+  ring_accumulate(prob.dtype, at(part, kv_elems(c.k_rows) * int64_t(es())), acc + kv_elems(len_src), B, dims().H_kv,
+                  c.k_rows, c.k_row0, len_src, D, d.merge);
+}
+
+void Ring::enqueue(cudaStream_t stream0, bool flush) { impl_->enqueue(stream0, flush, nullptr); }
+
+RingProfile Ring::profile(cudaStream_t stream0) {
+  Impl& s = *impl_;
+  Impl::Timeline tl;
+  // Indexed by rank, as every Timeline is: a process of a multi-process ring holds one of them.
+  for (auto* v : {&tl.wait_in, &tl.wait_out, &tl.comm_in, &tl.comm_out}) v->resize(s.n());
+  tl.comm_bytes.resize(s.n());
+  tl.wait_on_compute.resize(s.n());
+  tl.begin.resize(s.n());
+  tl.end.resize(s.n());
+  tl.compute_end.resize(s.n());
+  for (Impl::Dev& d : s.devs) {
+    s.use(d);
+    tl.begin[d.rank] = make_event(true);
+    tl.end[d.rank] = make_event(true);
+    tl.compute_end[d.rank] = make_event(true);
+  }
+  s.enqueue(stream0, true, &tl);
+  RingProfile p;
+  for (Impl::Dev& d : s.devs) {
+    s.use(d);
+    CUDA_CHECK(cudaStreamSynchronize(d.merge));
+    CUDA_CHECK(cudaStreamSynchronize(d.comm));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, tl.begin[d.rank], tl.end[d.rank]));
+    p.compute_ms.push_back(ms);
+    // Not hidden: a wait of the compute stream stalls the blocks; a wait of the merge stream
+    // (the backward's accumulators) costs only what lies past the last block's end.
+    double waiting = 0;
+    for (size_t i = 0; i < tl.wait_in[d.rank].size(); ++i) {
+      CUDA_CHECK(cudaEventElapsedTime(&ms, tl.wait_in[d.rank][i], tl.wait_out[d.rank][i]));
+      if (!tl.wait_on_compute[d.rank][i]) {
+        float past = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&past, tl.compute_end[d.rank], tl.wait_out[d.rank][i]));
+        ms = std::clamp(past, 0.f, ms);
+      }
+      waiting += ms;
+    }
+    // The link's rate: the best transfer's bytes over its time (a transfer's events also hold
+    // the wait for its partner, so the fastest is the closest to the link's own rate).
+    for (size_t i = 0; i < tl.comm_in[d.rank].size(); ++i) {
+      CUDA_CHECK(cudaEventElapsedTime(&ms, tl.comm_in[d.rank][i], tl.comm_out[d.rank][i]));
+      if (ms > 0 && tl.comm_bytes[d.rank][i] >= (1 << 20))
+        p.link_gbps = std::max(p.link_gbps, tl.comm_bytes[d.rank][i] / (ms * 1e-3) / 1e9);
+    }
+    p.waiting_ms.push_back(waiting);
+    p.total_ms = std::max(p.total_ms, p.compute_ms.back());
+    p.exposed_comm_ms = std::max(p.exposed_comm_ms, waiting);
+  }
+  for (Impl::Dev& d : s.devs) {
+    s.use(d);
+    for (cudaEvent_t e : {tl.begin[d.rank], tl.end[d.rank], tl.compute_end[d.rank]}) cudaEventDestroy(e);
+    for (auto* v : {&tl.wait_in[d.rank], &tl.wait_out[d.rank], &tl.comm_in[d.rank], &tl.comm_out[d.rank]})
+      for (cudaEvent_t e : *v) cudaEventDestroy(e);
+  }
+  CUDA_CHECK(cudaSetDevice(s.devs[0].id));
+  return p;
+}
+
+}  // namespace flashattn
+
+#endif  // FLASHATTN_HAVE_NCCL
