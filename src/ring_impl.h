@@ -142,20 +142,20 @@ struct Ring::Impl {
     return b;
   }
 
-  FwdParams block_params(const Dev& d, int s, int part) const {
+  // A block's kernel parameters, forward or backward (ring_block.h builds both from the same call).
+  template <class Params, class Build>
+  Params block_call(const Dev& d, int s, int part, Build build) const {
     const int src = src_of(d.rank, s);
-    FwdParams f = ring_block_fwd(prob, d.shard.len(), shard_len(src), d.blocks[src].call, buffers(d, s, part));
-    f.num_sms = d.info->sm_count;
-    f.deterministic = deterministic;
-    return f;
+    Params p = build(prob, d.shard.len(), shard_len(src), d.blocks[src].call, buffers(d, s, part));
+    p.num_sms = d.info->sm_count;
+    p.deterministic = deterministic;
+    return p;
   }
-
+  FwdParams block_params(const Dev& d, int s, int part) const {
+    return block_call<FwdParams>(d, s, part, ring_block_fwd);
+  }
   BwdParams block_bwd_params(const Dev& d, int s, int part) const {
-    const int src = src_of(d.rank, s);
-    BwdParams b = ring_block_bwd(prob, d.shard.len(), shard_len(src), d.blocks[src].call, buffers(d, s, part));
-    b.num_sms = d.info->sm_count;
-    b.deterministic = deterministic;
-    return b;
+    return block_call<BwdParams>(d, s, part, ring_block_bwd);
   }
 
   size_t kv_bytes_of(int rank) const { return 2 * kv_elems(shard_len(rank)) * es(); }
