@@ -5,7 +5,9 @@
 // Shape of the computation:
 //   forward, per query row:   pass 1 stores the row of scores (one row, O(S_k) memory) and finds
 //                             the max; pass 2 sums exp(s - max) for lse; pass 3 accumulates
-//                             P·V with P = exp(s - lse).
+//                             P·V with P = exp(s - lse). Rows of one head go in tiles of
+//                             kTileRows that share each K and V row's read, the order of every
+//                             row's own sums unchanged (and the key rows of the backward alike).
 //   backward, per query row:  the forward row again (lse_i, O_i, D_i = <dO_i, O_i>), then
 //                             dQ_i = scale * sum_j dS_ij k_j over the stored row of scores.
 //   backward, per key row:    needs lse_i and D_i of every query row of every query head in its
@@ -50,6 +52,12 @@ double dot_f64(const double* a, const double* b, int n) {
 namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// Rows computed together: enough to cut the trips through K and V (forward_tile) or Q and dO
+// (dkdv_tile: fewer, as each key row carries four head-dim vectors) many-fold, few enough that
+// their head-dim vectors stay in the first-level cache.
+constexpr int kTileRows = 16;
+constexpr int kKeyTileRows = 8;
 
 // The arithmetic of a model. Exact: the oracle, fp64 throughout, nothing rounded. InDtype: the
 // same-dtype baseline of the fp16/bf16 rule, attention the way a framework's unfused kernels
@@ -186,6 +194,48 @@ class Attention {
     return lse;
   }
 
+  // forward_row for `count` query rows of head (b, h) at once (query indices is[0, count)), so that
+  // the rows share each key row's and value row's trip from memory (at long S_k a head's K and V
+  // outgrow the caches, and one row at a time would stream them once per row). Per row the
+  // arithmetic and its order are forward_row's: the results are bitwise the same. s_rows holds
+  // count rows of S_k scores; o[t] receives O of row t, lse[t] its lse.
+  void forward_tile(int b, int h, const int* is, int count, double* s_rows, double* const* o, double* lse) const {
+    const int D = dm_.D, Sk = dm_.S_k, g = h / group_;
+    for (int j = 0; j < Sk; ++j)
+      for (int t = 0; t < count; ++t) s_rows[int64_t(t) * Sk + j] = score(b, h, is[t], j);
+    std::array<bool, kTileRows> live{};
+    for (int t = 0; t < count; ++t) {
+      const double* s_row = s_rows + int64_t(t) * Sk;
+      double m = kNegInf;
+      bool nan = false;
+      for (int j = 0; j < Sk; ++j) {
+        nan = nan || std::isnan(s_row[j]);
+        m = std::max(m, s_row[j]);
+      }
+      if (nan) {  // as in forward_row
+        std::fill(o[t], o[t] + D, std::numeric_limits<double>::quiet_NaN());
+        lse[t] = std::numeric_limits<double>::quiet_NaN();
+        continue;
+      }
+      std::fill(o[t], o[t] + D, 0.0);
+      lse[t] = kNegInf;
+      if (m == kNegInf) continue;
+      const Acc l = static_cast<Acc>(m) + std::log(exp_sum(s_row, static_cast<Acc>(m)));
+      lse[t] = l;
+      live[t] = true;
+    }
+    for (int j = 0; j < Sk; ++j) {
+      const double* vj = v(b, g, j);
+      for (int t = 0; t < count; ++t) {
+        const double s = s_rows[int64_t(t) * Sk + j];
+        if (live[t] && s != kNegInf) axpy<Acc>(prob(s, lse[t]), vj, o[t], D);
+      }
+    }
+    for (int t = 0; t < count; ++t)
+      if (live[t])
+        for (int d = 0; d < D; ++d) o[t][d] = arith_.stored(o[t][d]);
+  }
+
   // D_i = <dO_i, O_i> over the model's own O_i.
   double delta(int b, int h, int i, const double* o) const { return dot(dout(b, h, i), o, dm_.D, Acc{}); }
 
@@ -210,30 +260,37 @@ class Attention {
     for (int d = 0; d < D; ++d) dq[d] = arith_.stored(static_cast<Acc>(in_.scale) * static_cast<Acc>(dq[d]));
   }
 
-  // dK_j and dV_j for key j of kv head g, given lse_i and D_i of the group's query rows, indexed
-  // [(h - g * group) * S_q + i].
-  void dkdv_row(int b, int g, int j, const double* lse, const double* Dt, double* dk, double* dv) const {
+  // dK_j and dV_j for `count` keys js[0, count) of kv head g at once, given lse_i and D_i of the
+  // group's query rows, indexed [(h - g * group) * S_q + i]: the keys share each query row's and
+  // dO row's trip from memory; per key the sum runs over (h, i) in order, as for one key alone.
+  void dkdv_tile(int b, int g, const int* js, int count, const double* lse, const double* Dt, double* const* dk,
+                 double* const* dv) const {
     const int D = dm_.D;
-    std::fill(dk, dk + D, 0.0);
-    std::fill(dv, dv + D, 0.0);
-    const double* vj = v(b, g, j);
+    for (int t = 0; t < count; ++t) {
+      std::fill(dk[t], dk[t] + D, 0.0);
+      std::fill(dv[t], dv[t] + D, 0.0);
+    }
     for (int hh = 0; hh < group_; ++hh) {
       const int h = g * group_ + hh;
       for (int i = 0; i < dm_.S_q; ++i) {
         const double lse_i = lse[static_cast<int64_t>(hh) * dm_.S_q + i];
         if (lse_i == kNegInf) continue;
-        const double s = score(b, h, i, j);
-        if (s == kNegInf) continue;
-        const double p = prob(s, lse_i);
         const double* dO = dout(b, h, i);
-        axpy<Acc>(dscore(p, dO, vj, Dt[static_cast<int64_t>(hh) * dm_.S_q + i]), q(b, h, i), dk, D);
-        axpy<Acc>(p, dO, dv, D);
+        const double Di = Dt[static_cast<int64_t>(hh) * dm_.S_q + i];
+        for (int t = 0; t < count; ++t) {
+          const double s = score(b, h, i, js[t]);
+          if (s == kNegInf) continue;
+          const double p = prob(s, lse_i);
+          axpy<Acc>(dscore(p, dO, v(b, g, js[t]), Di), q(b, h, i), dk[t], D);
+          axpy<Acc>(p, dO, dv[t], D);
+        }
       }
     }
-    for (int d = 0; d < D; ++d) {
-      dk[d] = arith_.stored(static_cast<Acc>(in_.scale) * static_cast<Acc>(dk[d]));
-      dv[d] = arith_.stored(dv[d]);
-    }
+    for (int t = 0; t < count; ++t)
+      for (int d = 0; d < D; ++d) {
+        dk[t][d] = arith_.stored(static_cast<Acc>(in_.scale) * static_cast<Acc>(dk[t][d]));
+        dv[t][d] = arith_.stored(dv[t][d]);
+      }
   }
 
  private:
@@ -248,11 +305,34 @@ class Attention {
   int64_t offset_ = 0;
 };
 
-// Per-worker scratch: one row of scores and one head-dim vector.
+// Per-worker scratch: a tile's rows of scores and head-dim vectors (s_row and o: the first).
 struct Scratch {
-  std::vector<double> s_row, o;
-  explicit Scratch(const Dims& d) : s_row(std::max(d.S_k, 1)), o(std::max(d.D, 1)) {}
+  std::vector<double> s_rows, o_rows;
+  double* s_row;
+  double* o;
+  explicit Scratch(const Dims& d)
+      : s_rows(size_t(kTileRows) * std::max(d.S_k, 1)), o_rows(size_t(kTileRows) * std::max(d.D, 1)),
+        s_row(s_rows.data()), o(o_rows.data()) {}
+  Scratch(Scratch&& x) noexcept = default;
 };
+
+// Rows [begin, end) cut into tiles of up to `tile` (<= kTileRows) consecutive rows sharing (b, head):
+// fn(b, head, indices, count, first) for each, `first` the tile's first row number.
+template <class IdOf, class Fn>
+void for_each_tile(int64_t begin, int64_t end, int tile, IdOf id_of, Fn fn) {
+  std::array<int, kTileRows> idx;
+  int64_t r = begin;
+  while (r < end) {
+    const RowId first = id_of(r);
+    int count = 0;
+    for (; r < end && count < tile; ++r) {
+      const RowId id = id_of(r);
+      if (id.b != first.b || id.h != first.h) break;
+      idx[count++] = id.i;
+    }
+    fn(first.b, first.h, idx.data(), count, r - count);
+  }
+}
 
 int worker_count(int requested, int64_t tasks, double total_work) {
   int n = requested > 0 ? requested : static_cast<int>(std::thread::hardware_concurrency());
@@ -328,10 +408,12 @@ void forward_rows(const RefInputs& in, Arith arith, const std::vector<RowId>& ro
   const int64_t n = static_cast<int64_t>(rows.size());
   const Chunking c = chunk_rows(n, 2.0 * d.S_k * d.D, in.threads);
   parallel_tasks(c.tasks, c.workers, d, [&](int64_t t, Scratch& sc) {
-    for (int64_t r = t * c.chunk; r < std::min(n, (t + 1) * c.chunk); ++r) {
-      const RowId& id = rows[r];
-      lse[r] = attn.forward_row(id.b, id.h, id.i, sc.s_row.data(), o + r * d.D);
-    }
+    for_each_tile(t * c.chunk, std::min(n, (t + 1) * c.chunk), kTileRows, [&](int64_t r) { return rows[r]; },
+                  [&](int b, int h, const int* is, int count, int64_t first) {
+                    std::array<double*, kTileRows> out;
+                    for (int k = 0; k < count; ++k) out[k] = o + (first + k) * d.D;
+                    attn.forward_tile(b, h, is, count, sc.s_row, out.data(), lse + first);
+                  });
   });
 }
 
@@ -356,14 +438,19 @@ void backward_rows(const RefInputs& in, Arith arith, const std::vector<RowId>& q
   {
     const int64_t n = static_cast<int64_t>(groups.size()) * group_rows;
     const Chunking c = chunk_rows(n, 2.0 * d.S_k * d.D, in.threads);
+    auto id_of = [&](int64_t r) {
+      const auto& [b, g] = groups[r / group_rows];
+      return RowId{b, g * G + static_cast<int>((r % group_rows) / d.S_q), static_cast<int>(r % d.S_q)};
+    };
     parallel_tasks(c.tasks, c.workers, d, [&](int64_t t, Scratch& sc) {
-      for (int64_t r = t * c.chunk; r < std::min(n, (t + 1) * c.chunk); ++r) {
-        const auto& [b, g] = groups[r / group_rows];
-        const int h = g * G + static_cast<int>((r % group_rows) / d.S_q);
-        const int i = static_cast<int>(r % d.S_q);
-        lse[r] = attn.forward_row(b, h, i, sc.s_row.data(), sc.o.data());
-        Dt[r] = lse[r] == kNegInf ? 0.0 : attn.delta(b, h, i, sc.o.data());
-      }
+      for_each_tile(t * c.chunk, std::min(n, (t + 1) * c.chunk), kTileRows, id_of,
+                    [&](int b, int h, const int* is, int count, int64_t first) {
+                      std::array<double*, kTileRows> out;
+                      for (int k = 0; k < count; ++k) out[k] = sc.o + int64_t(k) * d.D;
+                      attn.forward_tile(b, h, is, count, sc.s_row, out.data(), lse.data() + first);
+                      for (int k = 0; k < count; ++k)
+                        Dt[first + k] = lse[first + k] == kNegInf ? 0.0 : attn.delta(b, h, is[k], out[k]);
+                    });
     });
   }
 
@@ -373,7 +460,7 @@ void backward_rows(const RefInputs& in, Arith arith, const std::vector<RowId>& q
     parallel_tasks(c.tasks, c.workers, d, [&](int64_t t, Scratch& sc) {
       for (int64_t r = t * c.chunk; r < std::min(n, (t + 1) * c.chunk); ++r) {
         const RowId& id = q_rows[r];
-        attn.dq_row(id.b, id.h, id.i, sc.s_row.data(), sc.o.data(), dq + r * d.D);
+        attn.dq_row(id.b, id.h, id.i, sc.s_row, sc.o, dq + r * d.D);
       }
     });
   }
@@ -382,12 +469,14 @@ void backward_rows(const RefInputs& in, Arith arith, const std::vector<RowId>& q
     const int64_t n = static_cast<int64_t>(k_rows.size());
     const Chunking c = chunk_rows(n, 4.0 * group_rows * d.D, in.threads);
     parallel_tasks(c.tasks, c.workers, d, [&](int64_t t, Scratch&) {
-      for (int64_t r = t * c.chunk; r < std::min(n, (t + 1) * c.chunk); ++r) {
-        const RowId& id = k_rows[r];
-        const size_t gi = group_index.at({id.b, id.h});
-        attn.dkdv_row(id.b, id.h, id.i, lse.data() + gi * group_rows, Dt.data() + gi * group_rows,
-                      dk + r * d.D, dv + r * d.D);
-      }
+      for_each_tile(t * c.chunk, std::min(n, (t + 1) * c.chunk), kKeyTileRows, [&](int64_t r) { return k_rows[r]; },
+                    [&](int b, int g, const int* js, int count, int64_t first) {
+                      const size_t gi = group_index.at({b, g});
+                      std::array<double*, kTileRows> dks, dvs;
+                      for (int k = 0; k < count; ++k) dks[k] = dk + (first + k) * d.D, dvs[k] = dv + (first + k) * d.D;
+                      attn.dkdv_tile(b, g, js, count, lse.data() + gi * group_rows, Dt.data() + gi * group_rows,
+                                     dks.data(), dvs.data());
+                    });
     });
   }
 }
