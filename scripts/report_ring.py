@@ -6,7 +6,9 @@
 One row per (shape, mask) and mode, plus `both` (forward + backward medians added, each side):
 median ms of both rings, ratio = PyTorch's median / ours (> 1: ours faster, the same statistic on
 both sides), per-GPU TFLOP/s, and each side's scaling efficiency (T(one GPU) / (N * T(ring)),
-each measured against its own one-GPU run). Rows of ours that did not pass --check are left out.
+each measured against its own one-GPU run), and our mean SM clock on the ring and on one GPU
+where the records have both (two loaded GPUs may each run slower than one alone). Rows of ours
+that did not pass --check are left out.
 """
 import argparse
 import json
@@ -50,9 +52,17 @@ def summary(runs, mode):
         r["ring"].get("scaling_efficiency")
 
 
+def clocks(runs, mode):
+    """'ring / one GPU' mean SM clock (MHz) of our run of `mode`, or '–'."""
+    r = runs.get(mode)
+    ring = r and r["timing"].get("sm_clock_mean_mhz")
+    one = r and r["ring"].get("one_gpu_sm_clock_mean_mhz")
+    return f"{ring:.0f} / {one:.0f}" if ring and one else "–"
+
+
 def table(ours, peers):
     out = ["| shape | mode | ours ms | PyTorch ms | × | ours TFLOP/s per GPU | PyTorch TFLOP/s per GPU | "
-           "ours efficiency | PyTorch efficiency |", "|---|---|---|---|---|---|---|---|---|"]
+           "ours efficiency | PyTorch efficiency | ours MHz ring / one GPU |", "|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda x, p: "–" if x is None else f"{x:.{p}f}"  # noqa: E731
     for key in sorted(ours):
         if key not in peers:
@@ -64,7 +74,7 @@ def table(ours, peers):
             if not a or not b:
                 continue
             out.append(f"| {shape} | {mode} | {a[0]:.3f} | {b[0]:.3f} | {b[0] / a[0]:.2f}× | {a[1]:.0f} | {b[1]:.0f} | "
-                       f"{fmt(a[2], 2)} | {fmt(b[2], 2)} |")
+                       f"{fmt(a[2], 2)} | {fmt(b[2], 2)} | {clocks(ours[key], mode)} |")
     return "\n".join(out)
 
 

@@ -185,6 +185,7 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
                  {"exposed_comm_ms", num(g.exposed_comm_ms)},
                  {"link_gbps", num(g.link_gbps)},
                  {"one_gpu_median_ms", opt_num(g.one_gpu_median_ms)},
+                 {"one_gpu_sm_clock_mean_mhz", opt_num(g.one_gpu_clock_mean_mhz)},
                  {"one_gpu_skipped", g.one_gpu_skipped},
                  {"scaling_efficiency", opt_num(g.scaling_efficiency)},
                  {"max_abs_vs_one_gpu", opt_num(g.max_abs_vs_one_gpu)},

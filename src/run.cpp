@@ -406,6 +406,7 @@ struct Session::Impl {
     try {
       GpuRun one = run_gpu(e, timed);
       if (timed) *one_gpu_ms = one.timing.median_ms;
+      info->one_gpu_clock_mean_mhz = one.timing.clock.mean_mhz;
       compare_ring_outputs(r.out, one.out, info);
     } catch (const InputError& x) {
       info->one_gpu_skipped = x.what();

@@ -77,6 +77,9 @@ struct RingRecord {
   double link_gbps = 0;  // the fastest transfer of that repetition (>= 1 MiB): bytes / its time
   // The same kernel on devices[0] alone, same inputs, timed the same way (-1: not run, and why).
   double one_gpu_median_ms = -1;
+  // The mean SM clock during that run (the ring's own is in the record's timing): both GPUs of a
+  // ring draw power at once, and a clock the ring lost to the cap is not the ring's to answer for.
+  double one_gpu_clock_mean_mhz = -1;
   std::string one_gpu_skipped;
   double scaling_efficiency = -1;  // one_gpu_median / (N x ring median)
   // The ring's outputs against the one-GPU run's: largest absolute difference over every output
