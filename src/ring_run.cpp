@@ -5,7 +5,10 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "parallel.h"
 #include "ring.h"
 
 namespace flashattn {
@@ -45,15 +48,32 @@ void compare_ring_outputs(const KernelOutputs& a, const KernelOutputs& b, RingRe
     same = same && x->bytes == y->bytes;
     RingRecord::VsOneGpu d;
     d.name = name;
+    // Chunks of a fixed size on every core (a long ring's outputs are 10^8 elements and more),
+    // their sums added in chunk order: the same result for any thread count.
+    constexpr int64_t kChunk = int64_t(1) << 20;
+    const int64_t n = x->numel(), chunks = (n + kChunk - 1) / kChunk;
+    struct Part {
+      double max_abs = 0, beyond_ulp = 0, diff2 = 0, ref2 = 0;
+    };
+    std::vector<Part> parts(chunks);
+    const int workers = static_cast<int>(std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), chunks));
+    parallel_tasks(chunks, workers, [] { return 0; }, [&](int64_t c, int) {
+      Part& p = parts[c];
+      for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
+        const double u = element_as_double(*x, i), v = element_as_double(*y, i);
+        if (std::isfinite(v)) p.ref2 += v * v;
+        if (u == v) continue;  // equal infinities (an empty row's lse) included
+        const double e = std::isfinite(u - v) ? std::fabs(u - v) : std::numeric_limits<double>::infinity();
+        p.max_abs = std::max(p.max_abs, e);
+        p.beyond_ulp = std::max(p.beyond_ulp, e - ulp_in(x->dtype, std::max(std::fabs(u), std::fabs(v))));
+        p.diff2 += e * e;
+      }
+    });
     double diff2 = 0, ref2 = 0;
-    for (int64_t i = 0; i < x->numel(); ++i) {
-      const double u = element_as_double(*x, i), v = element_as_double(*y, i);
-      if (std::isfinite(v)) ref2 += v * v;
-      if (u == v) continue;  // equal infinities (an empty row's lse) included
-      const double e = std::isfinite(u - v) ? std::fabs(u - v) : std::numeric_limits<double>::infinity();
-      d.max_abs = std::max(d.max_abs, e);
-      d.beyond_ulp = std::max(d.beyond_ulp, e - ulp_in(x->dtype, std::max(std::fabs(u), std::fabs(v))));
-      diff2 += e * e;
+    for (const Part& p : parts) {
+      d.max_abs = std::max(d.max_abs, p.max_abs);
+      d.beyond_ulp = std::max(d.beyond_ulp, p.beyond_ulp);
+      diff2 += p.diff2, ref2 += p.ref2;
     }
     d.rel_l2 = ref2 > 0 ? std::sqrt(diff2 / ref2) : (diff2 > 0 ? std::numeric_limits<double>::infinity() : 0.0);
     worst = std::max(worst, d.max_abs);

@@ -66,5 +66,20 @@ TEST(RingCompare, IdenticalIsBitwise) {
   EXPECT_DOUBLE_EQ(r.ring->max_abs_vs_one_gpu, 0.0);
 }
 
+TEST(RingCompare, EveryChunkOfALongOutputCounts) {
+  // Over three chunks of the comparison's 2^20 elements: a difference in the last one is found.
+  HostArray a(DType::BF16, {3 << 20}), b(DType::BF16, {3 << 20});
+  const uint16_t one = float_to_bf16_bits(1.0f), two = float_to_bf16_bits(2.0f);
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    std::memcpy(a.bytes.data() + 2 * i, &one, 2);
+    std::memcpy(b.bytes.data() + 2 * i, &one, 2);
+  }
+  std::memcpy(b.bytes.data() + 2 * (a.numel() - 1), &two, 2);
+  const RunRecord r = judged(a, b, 1e-3);
+  EXPECT_FALSE(r.check.passed);
+  EXPECT_DOUBLE_EQ(r.ring->vs_one_gpu[0].max_abs, 1.0);
+  EXPECT_NEAR(r.ring->vs_one_gpu[0].rel_l2, 1.0 / std::sqrt(double(3 << 20) + 3), 1e-12);
+}
+
 }  // namespace
 }  // namespace flashattn
