@@ -203,8 +203,7 @@ RingProfile Ring::profile(cudaStream_t stream0) {
   RingProfile p;
   for (Impl::Dev& d : s.devs) {
     s.use(d);
-    CUDA_CHECK(cudaStreamSynchronize(d.merge));
-    CUDA_CHECK(cudaStreamSynchronize(d.comm));
+    for (cudaStream_t st : {d.compute, d.merge, d.comm}) CUDA_CHECK(cudaStreamSynchronize(st));
     float ms = 0;
     CUDA_CHECK(cudaEventElapsedTime(&ms, tl.begin[d.rank], tl.end[d.rank]));
     p.compute_ms.push_back(ms);
