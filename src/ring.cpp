@@ -208,6 +208,16 @@ void Ring::Impl::init_dev(Dev& d, int id, int rank, ncclComm_t comm, bool flushe
   CUDA_CHECK(cudaStreamCreateWithPriority(&d.comm, cudaStreamNonBlocking, highest));
   CUDA_CHECK(cudaStreamCreateWithFlags(&d.merge, cudaStreamNonBlocking));
   d.ctx = gpu_launch_context(*d.info, d.id, d.compute);
+  // FLASHATTN_RING_RESERVE_SMS=k (an ablation, docs/PERF.md): the blocks' kernels see k SMs fewer,
+  // so a persistent grid leaves them to the merges and NCCL's kernels.
+  if (const char* v = std::getenv("FLASHATTN_RING_RESERVE_SMS")) {
+    char* end = nullptr;
+    const long k = std::strtol(v, &end, 10);
+    if (end == v || *end != '\0' || k < 0 || k >= d.ctx.sm_count)
+      throw RuntimeError(std::string("FLASHATTN_RING_RESERVE_SMS: expected 0 to ") + std::to_string(d.ctx.sm_count - 1) +
+                         ", got '" + v + "'");
+    d.ctx.sm_count -= static_cast<int>(k);
+  }
   if (flusher) d.flusher = std::make_unique<L2Flusher>(d.info->l2_bytes);
   for (int i = 0; i < world; ++i) {
     d.computed.push_back(make_event(false));
