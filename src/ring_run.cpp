@@ -10,6 +10,7 @@
 
 #include "parallel.h"
 #include "ring.h"
+#include "validate.h"
 
 namespace flashattn {
 
@@ -29,13 +30,12 @@ std::string why_ring_unsupported(const KernelMode& e, const Problem& p, int n_de
 
 namespace {
 
-// One unit in the last place of |x| in `t` (p significant bits: 2^(exponent - p + 1)); 0 for 0.
+// One unit in the last place of |x| in `t`: the dtype's epsilon scaled to x's binade; 0 for 0.
 double ulp_in(DType t, double x) {
-  const int p = t == DType::BF16 ? 8 : t == DType::F16 ? 11 : 24;
   if (x == 0 || !std::isfinite(x)) return 0;
   int e = 0;
-  std::frexp(x, &e);  // |x| = m * 2^e, m in [0.5, 1)
-  return std::ldexp(1.0, e - p);
+  std::frexp(x, &e);  // |x| = m * 2^e, m in [0.5, 1): the binade starts at 2^(e - 1)
+  return std::ldexp(dtype_eps(t), e - 1);
 }
 
 }  // namespace

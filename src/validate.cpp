@@ -213,8 +213,6 @@ std::vector<std::pair<std::string, ErrorStats>> measure_errors(const ReferenceRo
   return out;
 }
 
-namespace {
-
 double dtype_eps(DType t) {
   switch (t) {
     case DType::F16: return std::ldexp(1.0, -10);
@@ -223,6 +221,8 @@ double dtype_eps(DType t) {
     default: return std::ldexp(1.0, -52);
   }
 }
+
+namespace {
 
 std::string fmt_g(double x) {
   char buf[32];

@@ -82,6 +82,9 @@ struct CheckResult {
   int64_t key_rows_checked = 0, key_rows_total = 0;  // key rows (backward)
 };
 
+// The gap from 1 to the next value of the dtype (2^-7 bf16, 2^-10 fp16, 2^-23 fp32; fp64 else).
+double dtype_eps(DType t);
+
 // Which rows the reference computes.
 struct RowSelection {
   std::vector<RowId> q_rows;  // query rows (h < H)
