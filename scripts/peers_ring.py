@@ -39,32 +39,12 @@ os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast stays off
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers_capi  # noqa: E402
+from peers import load_sweep  # noqa: E402  (flashattn --sweep's presets, read as peers.py reads them)
+from ring_model import flops, pairs  # noqa: E402
 
 HOLD_TIMEOUT_S = 2.0
 PROBE_TIMEOUT_S = 0.5
 GEN_Q, GEN_K, GEN_V, GEN_DO = 1, 2, 3, 4
-
-
-def flops(B, H, S, D, causal, mode):
-    pairs = S * (S + 1) / 2 if causal else float(S) * S
-    f = 4.0 * B * H * D * pairs
-    return f * 2.5 if mode == "backward" else f
-
-
-def points(path, mode_override):
-    with open(path) as f:
-        preset = json.load(f)
-    d = preset.get("defaults", {})
-    out = []
-    for p in preset["points"]:
-        q = dict(d, **p)
-        causals = q.get("causal", False)
-        for causal in causals if isinstance(causals, list) else [causals]:
-            modes = mode_override or q.get("mode", "forward")
-            modes = ["forward", "backward"] if modes == "both" else [modes] if isinstance(modes, str) else modes
-            out.append({"B": q["B"], "H": q["H"], "H_kv": q.get("H_kv", q["H"]), "S": q["S"], "D": q["D"],
-                        "dtype": q.get("dtype", "bf16"), "causal": causal, "modes": modes})
-    return out
 
 
 def main():
@@ -153,8 +133,8 @@ def main():
         return both
 
     records = []
-    for p in points(a.sweep, a.mode):
-        B, H, Hkv, S, D, dt, causal = p["B"], p["H"], p["H_kv"], p["S"], p["D"], p["dtype"], p["causal"]
+    for p in load_sweep(a.sweep, {"mode": a.mode})[1]:
+        B, H, Hkv, S, D, dt, causal = p["B"], p["H"], p["H_kv"], p["S_q"], p["D"], p["dtype"], p["causal"]
         gqa = Hkv != H
         full = [generate((B, H, S, D), dt, GEN_Q), generate((B, Hkv, S, D), dt, GEN_K),
                 generate((B, Hkv, S, D), dt, GEN_V), generate((B, H, S, D), dt, GEN_DO)]
@@ -196,7 +176,7 @@ def main():
                 else:
                     times["forward"] = statistics.median(samples)
                 median = statistics.median(samples)
-                f = flops(B, H, S, D, causal, mode)
+                f = flops(mode, B, H, D, pairs(S, S, causal))
                 rec["timing"] = {"unit": "ms", "method": "held_stream", "median_ms": median, "min_ms": min(samples),
                                  "max_ms": max(samples), "samples_ms": samples, "warmup": a.warmup, "held": held,
                                  "repeat": a.repeat, "hold_timeouts": timeouts, "l2_flush": True}

@@ -95,3 +95,12 @@ def test_report_ring_puts_both_rings_side_by_side(tmp_path):
                                                     "one_gpu_sm_clock_mean_mhz": 1950.0})]}) + "\n")
     forward = report_ring.table(report_ring.load(ours), report_ring.load(peers)).splitlines()[2]
     assert forward.endswith("| 1800 / 1950 |")
+
+
+def test_peers_ring_reads_the_presets_as_flashattn_does():
+    import peers_ring  # torch is imported only when it runs
+
+    name, points = peers_ring.load_sweep(str(ROOT / "scripts" / "presets" / "ring.json"), {"mode": "both"})
+    assert name == "ring" and len(points) == 10  # five points, causal off and on
+    assert all(p["modes"] == ["forward", "backward"] and p["S_q"] == p["S_k"] for p in points)
+    assert {p["H_kv"] for p in points} == {32, 8}
