@@ -167,38 +167,20 @@ class Attention {
   // Forward for one query row: fills s_row[0, S_k) with the scores and o[0, D) with O_i; returns
   // lse_i (natural log). A row without a finite score gives O_i = 0 and lse_i = -inf.
   double forward_row(int b, int h, int i, double* s_row, double* o) const {
-    const int D = dm_.D;
-    double m = kNegInf;
-    bool nan = false;
-    for (int j = 0; j < dm_.S_k; ++j) {
-      s_row[j] = score(b, h, i, j);
-      nan = nan || std::isnan(s_row[j]);
-      m = std::max(m, s_row[j]);
-    }
-    // A NaN score (NaN or Inf in the inputs, run with --allow-nonfinite) makes the row NaN, as it
-    // does in the kernels: std::max would silently drop it, and a row of NaN scores would then
-    // pass for a fully masked one (O = 0, lse = -inf).
-    if (nan) {
-      std::fill(o, o + D, std::numeric_limits<double>::quiet_NaN());
-      return std::numeric_limits<double>::quiet_NaN();
-    }
-    std::fill(o, o + D, 0.0);
-    if (m == kNegInf) return kNegInf;
-    // Subtracting the max keeps every exp <= 1 and the sum >= 1, so nothing overflows and the
-    // log of the sum is well conditioned.
-    const Acc lse = static_cast<Acc>(m) + std::log(exp_sum(s_row, static_cast<Acc>(m)));
-    const int g = h / group_;
-    for (int j = 0; j < dm_.S_k; ++j)
-      if (s_row[j] != kNegInf) axpy<Acc>(prob(s_row[j], lse), v(b, g, j), o, D);
-    for (int d = 0; d < D; ++d) o[d] = arith_.stored(o[d]);
+    double lse = 0;
+    forward_tile(b, h, &i, 1, s_row, &o, &lse);
     return lse;
   }
 
-  // forward_row for `count` query rows of head (b, h) at once (query indices is[0, count)), so that
+  // The forward for `count` query rows of head (b, h) at once (query indices is[0, count)), so that
   // the rows share each key row's and value row's trip from memory (at long S_k a head's K and V
-  // outgrow the caches, and one row at a time would stream them once per row). Per row the
-  // arithmetic and its order are forward_row's: the results are bitwise the same. s_rows holds
-  // count rows of S_k scores; o[t] receives O of row t, lse[t] its lse.
+  // outgrow the caches, and one row at a time would stream them once per row); each row's sums
+  // run in its own order whatever the tile. s_rows holds count rows of S_k scores; o[t] receives
+  // O of row t, lse[t] its lse: three passes per row (scores and their max, the exp sum for lse,
+  // P·V with P = exp(s - lse)). A row with a NaN score is NaN throughout (NaN or Inf in the
+  // inputs, run with --allow-nonfinite: std::max would drop it, and a row of NaN scores would pass
+  // for a fully masked one); one without a finite score gets O = 0, lse = -inf. Subtracting the
+  // max keeps every exp <= 1 and the sum >= 1: nothing overflows, the log is well conditioned.
   void forward_tile(int b, int h, const int* is, int count, double* s_rows, double* const* o, double* lse) const {
     const int D = dm_.D, Sk = dm_.S_k, g = h / group_;
     for (int j = 0; j < Sk; ++j)
@@ -212,7 +194,7 @@ class Attention {
         nan = nan || std::isnan(s_row[j]);
         m = std::max(m, s_row[j]);
       }
-      if (nan) {  // as in forward_row
+      if (nan) {
         std::fill(o[t], o[t] + D, std::numeric_limits<double>::quiet_NaN());
         lse[t] = std::numeric_limits<double>::quiet_NaN();
         continue;
