@@ -188,7 +188,7 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
                  {"one_gpu_sm_clock_mean_mhz", opt_num(g.one_gpu_clock_mean_mhz)},
                  {"one_gpu_skipped", g.one_gpu_skipped},
                  {"scaling_efficiency", opt_num(g.scaling_efficiency)},
-                 {"max_abs_vs_one_gpu", opt_num(g.max_abs_vs_one_gpu)},
+                 {"max_abs_vs_one_gpu", opt_num(g.max_abs_vs_one_gpu())},
                  {"vs_one_gpu", vs},
                  {"bitwise_vs_one_gpu", g.bitwise_vs_one_gpu}};
   }

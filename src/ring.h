@@ -33,8 +33,8 @@ std::string ring_unavailable();
 // S_q != S_k).
 std::string why_ring_unsupported(const KernelMode& e, const Problem& p, int n_devices);
 
-// The ring's outputs against the same kernel's on one GPU: `info`'s max_abs_vs_one_gpu,
-// bitwise_vs_one_gpu and the per-output differences of vs_one_gpu.
+// The ring's outputs against the same kernel's on one GPU: `info`'s bitwise_vs_one_gpu and the
+// per-output differences of vs_one_gpu.
 void compare_ring_outputs(const KernelOutputs& ring, const KernelOutputs& one_gpu, RingRecord* info);
 
 // With --check: each output's difference from the one-GPU run held to the check's metric and

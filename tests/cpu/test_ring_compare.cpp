@@ -63,7 +63,7 @@ TEST(RingCompare, IdenticalIsBitwise) {
   const RunRecord r = judged(bf16_row({3.0f, -0.25f}), bf16_row({3.0f, -0.25f}), 1e-6);
   EXPECT_TRUE(r.check.passed);
   EXPECT_TRUE(r.ring->bitwise_vs_one_gpu);
-  EXPECT_DOUBLE_EQ(r.ring->max_abs_vs_one_gpu, 0.0);
+  EXPECT_DOUBLE_EQ(r.ring->max_abs_vs_one_gpu(), 0.0);
 }
 
 TEST(RingCompare, EveryChunkOfALongOutputCounts) {
