@@ -208,12 +208,14 @@ void launch(const FwdParams& p, const LaunchContext& ctx) {
       throw RuntimeError("FLASHATTN_HOPPER_SCHEDULE=serial is built for bf16 at D=128 only");
   }
   // A persistent grid, one CTA per SM (shared memory and registers allow no second), each taking
-  // tiles until none are left; FLASHATTN_HOPPER_GRID=tiles launches one CTA per tile instead (the
-  // same code, each CTA's loop running once: the ablation of the persistent grid).
+  // tiles until none are left; one CTA per tile instead (the same code, each CTA's loop running
+  // once) where other streams need SMs during the kernel (ctx.shares_device: a ring's merges and
+  // transfers, which a persistent grid would hold off until its end). FLASHATTN_HOPPER_GRID=
+  // persistent or tiles overrides the choice (the ablation).
   const char* grid_env = std::getenv("FLASHATTN_HOPPER_GRID");
-  const bool per_tile = grid_env != nullptr && std::string(grid_env) == "tiles";
-  if (grid_env != nullptr && !per_tile && std::string(grid_env) != "persistent")
+  if (grid_env != nullptr && std::string(grid_env) != "tiles" && std::string(grid_env) != "persistent")
     throw RuntimeError(std::string("FLASHATTN_HOPPER_GRID: expected persistent or tiles, got '") + grid_env + "'");
+  const bool per_tile = grid_env != nullptr ? std::string(grid_env) == "tiles" : ctx.shares_device;
   const int sms = ctx.sm_count > 0 ? ctx.sm_count : p.num_sms;
   const int ctas = per_tile || sms <= 0 ? a.num_tiles : std::min(a.num_tiles, sms);
   CUDA_CHECK(cudaMemsetAsync(p.workspace, 0, kWorkspaceBytes, ctx.stream));

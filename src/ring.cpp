@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -199,25 +198,16 @@ void Ring::Impl::init_dev(Dev& d, int id, int rank, ncclComm_t comm, bool flushe
   use(d);
   d.info = query_device(d.id);
   CUDA_CHECK(cudaStreamCreateWithFlags(&d.compute, cudaStreamNonBlocking));
-  // The transfers' stream at the highest priority: NCCL's kernels need SMs, and a block's kernel
-  // fills them all; at a higher priority their CTAs go first as soon as any SM frees, so a
-  // transfer enqueued while a block computes (the backward's accumulators) is not held until the
-  // block's last CTA has run.
+  // The transfers' and the merges' streams at the highest priority: NCCL's kernels and the merge
+  // passes need SMs while a block's kernel fills them all; at a higher priority their CTAs go first
+  // as soon as any SM frees, so a transfer or merge enqueued while a block computes (the
+  // backward's accumulators) is not held until the block's last CTA has been issued.
   int lowest = 0, highest = 0;
   CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
   CUDA_CHECK(cudaStreamCreateWithPriority(&d.comm, cudaStreamNonBlocking, highest));
-  CUDA_CHECK(cudaStreamCreateWithFlags(&d.merge, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamCreateWithPriority(&d.merge, cudaStreamNonBlocking, highest));
   d.ctx = gpu_launch_context(*d.info, d.id, d.compute);
-  // FLASHATTN_RING_RESERVE_SMS=k (an ablation, docs/PERF.md): the blocks' kernels see k SMs fewer,
-  // so a persistent grid leaves them to the merges and NCCL's kernels.
-  if (const char* v = std::getenv("FLASHATTN_RING_RESERVE_SMS")) {
-    char* end = nullptr;
-    const long k = std::strtol(v, &end, 10);
-    if (end == v || *end != '\0' || k < 0 || k >= d.ctx.sm_count)
-      throw RuntimeError(std::string("FLASHATTN_RING_RESERVE_SMS: expected 0 to ") + std::to_string(d.ctx.sm_count - 1) +
-                         ", got '" + v + "'");
-    d.ctx.sm_count -= static_cast<int>(k);
-  }
+  d.ctx.shares_device = true;  // the blocks' kernels run beside the transfers and merges
   if (flusher) d.flusher = std::make_unique<L2Flusher>(d.info->l2_bytes);
   for (int i = 0; i < world; ++i) {
     d.computed.push_back(make_event(false));

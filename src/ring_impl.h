@@ -147,7 +147,7 @@ struct Ring::Impl {
   Params block_call(const Dev& d, int s, int part, Build build) const {
     const int src = src_of(d.rank, s);
     Params p = build(prob, d.shard.len(), shard_len(src), d.blocks[src].call, buffers(d, s, part));
-    p.num_sms = d.ctx.sm_count;  // less any SMs reserved (FLASHATTN_RING_RESERVE_SMS)
+    p.num_sms = d.ctx.sm_count;
     p.deterministic = deterministic;
     return p;
   }

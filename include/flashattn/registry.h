@@ -35,6 +35,9 @@ struct LaunchContext {
   size_t smem_optin = 0;   // shared memory a CTA may opt in to, bytes (0: unknown)
   size_t l2_bytes = 0;     // L2 cache size, bytes (0: unknown)
   int cpu_threads = 0;     // threads the cpu kernel may use (0: all hardware threads)
+  // Other streams of the run need SMs while the kernel runs (a ring's transfers and merges): a
+  // kernel with a persistent grid launches one CTA per tile instead, so SMs free up as tiles end.
+  bool shares_device = false;
 };
 
 using FwdFn = void (*)(const FwdParams&, const LaunchContext&);
