@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -216,7 +215,6 @@ void Ring::Impl::init_dev(Dev& d, int id, int rank, ncclComm_t comm, bool flushe
     d.kv_arrived.push_back(make_event(false));
     d.acc_arrived.push_back(make_event(false));
   }
-  for (int i = 0; i < Impl::kMaxPieces; ++i) d.piece_arrived.push_back(make_event(false));
   d.done = make_event(false);
 }
 
@@ -263,7 +261,7 @@ Ring::~Ring() {
     if (d.nccl) ncclCommDestroy(d.nccl);
   for (Impl::Dev& d : s.devs) {
     cudaSetDevice(d.id);
-    for (auto* v : {&d.computed, &d.merged, &d.kv_arrived, &d.acc_arrived, &d.piece_arrived})
+    for (auto* v : {&d.computed, &d.merged, &d.kv_arrived, &d.acc_arrived})
       for (cudaEvent_t e : *v) cudaEventDestroy(e);
     if (d.done) cudaEventDestroy(d.done);
     for (cudaStream_t st : {d.compute, d.comm, d.merge})
@@ -294,18 +292,6 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
     d.blocks.resize(s.n());
     for (int src = 0; src < s.n(); ++src) d.blocks[src].call = ring_call(S, s.n(), d.rank, src, s.prob.causal);
   }
-  // FLASHATTN_RING_FIRST_PIECES=k sets the count (1: the block whole; the ablation, and the tests'
-  // way to cut small problems).
-  int pieces = s.kv_bytes_of(0) >= Impl::kPieceMinBytes ? Impl::kFirstPieces : 1;
-  if (const char* v = std::getenv("FLASHATTN_RING_FIRST_PIECES")) {
-    char* end = nullptr;
-    const long k = std::strtol(v, &end, 10);
-    if (end == v || *end != '\0' || k < 1 || k > Impl::kMaxPieces)
-      throw RuntimeError(std::string("FLASHATTN_RING_FIRST_PIECES: expected 1 to ") + std::to_string(Impl::kMaxPieces) +
-                         ", got '" + v + "'");
-    pieces = int(k);
-  }
-  s.first_pieces = ring_pieces(s.dims().B, s.dims().H_kv, pieces);
   s.bytes_held = 0;
   for (Impl::Dev& d : s.devs) s.allocate(d, in);
   if (!s.backward) return;

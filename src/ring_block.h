@@ -12,7 +12,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <utility>
 
 #include "flashattn/params.h"
 #include "params_build.h"
@@ -43,7 +42,6 @@ inline Strides ring_packed(int heads, int rows, int D) { return {int64_t(heads) 
 inline const char* ring_offset(const void* p, int64_t elems, size_t es) {
   return static_cast<const char*>(p) + elems * int64_t(es);
 }
-inline char* ring_offset(void* p, int64_t elems, size_t es) { return static_cast<char*>(p) + elems * int64_t(es); }
 
 // `len`: rows of the rank's shard; `len_src`: rows of the source's shard.
 inline FwdParams ring_block_fwd(const Problem& prob, int len, int len_src, const RingCall& c, const RingBlockBuffers& b) {
@@ -86,36 +84,6 @@ inline BwdParams ring_block_bwd(const Problem& prob, int len, int len_src, const
   p.dv = static_cast<char*>(b.dkv_part) + int64_t(d.B) * d.H_kv * c.k_rows * d.D * int64_t(es);
   p.dk_st = p.dv_st = ring_packed(d.H_kv, c.k_rows, d.D);
   return p;
-}
-
-// Piece `pc` (ring_plan.h) of a block's backward parameters `p` (from ring_block_bwd): every
-// tensor from the piece's first (batch, head) row, the heads or batch elements it has. The
-// strides stay the block's; lse and the key lengths are contiguous per (batch, head) and batch.
-inline BwdParams ring_piece_bwd(BwdParams p, const Problem& prob, const RingPiece& pc) {
-  const int group = prob.dims.H / prob.dims.H_kv, h0 = pc.h0 * group;
-  const size_t es = dtype_size(prob.dtype);
-  auto first = [&](const Strides& st, int head) { return pc.b0 * st.batch + head * st.head; };
-  p.q = ring_offset(p.q, first(p.q_st, h0), es);
-  p.k = ring_offset(p.k, first(p.k_st, pc.h0), es);
-  p.v = ring_offset(p.v, first(p.v_st, pc.h0), es);
-  p.o = ring_offset(p.o, first(p.o_st, h0), es);
-  p.dout = ring_offset(p.dout, first(p.do_st, h0), es);
-  p.dq = ring_offset(p.dq, first(p.dq_st, h0), es);
-  p.dk = ring_offset(p.dk, first(p.dk_st, pc.h0), es);
-  p.dv = ring_offset(p.dv, first(p.dv_st, pc.h0), es);
-  p.lse = static_cast<float*>(p.lse) + (int64_t(pc.b0) * prob.dims.H + h0) * p.S_q;
-  if (p.seqlens_k != nullptr) p.seqlens_k += pc.b0;
-  p.B = pc.nb;
-  p.H = pc.nh * group;
-  p.H_kv = pc.nh;
-  return p;
-}
-
-// Piece `pc`'s part of K in a K/V shard of `len` rows (V's is the same, past all of K): its first
-// element and its number of elements.
-inline std::pair<int64_t, int64_t> ring_piece_kv(const Problem& prob, const RingPiece& pc, int len) {
-  const int64_t row = int64_t(len) * prob.dims.D;
-  return {(int64_t(pc.b0) * prob.dims.H_kv + pc.h0) * row, int64_t(pc.nb) * pc.nh * row};
 }
 
 }  // namespace flashattn

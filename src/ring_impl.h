@@ -80,7 +80,6 @@ struct Ring::Impl {
     // Per step: its block computed, merged (or accumulated), its K/V arrived, its dK/dV
     // accumulators sent on (and the next step's arrived).
     std::vector<cudaEvent_t> computed, merged, kv_arrived, acc_arrived;
-    std::vector<cudaEvent_t> piece_arrived;  // the backward's first K/V, by piece (first_pieces)
     cudaEvent_t done = nullptr;
   };
 
@@ -93,15 +92,6 @@ struct Ring::Impl {
   bool backward = false;
   cudaEvent_t start = nullptr;  // on rank 0
   size_t bytes_held = 0;
-
-  // The backward's first block, in pieces of (batch, kv head) units started as their K/V lands:
-  // that transfer is the one nothing overlaps (the own shard comes last), so the block starts on
-  // a small first piece (ring_pieces) instead of the whole shard. One piece when the shard is
-  // small. Two pieces measured faster than four even ones (each piece's kernels end in a tail).
-  static constexpr int kFirstPieces = 2;
-  static constexpr int kMaxPieces = 4;  // FLASHATTN_RING_FIRST_PIECES' limit
-  static constexpr size_t kPieceMinBytes = size_t(64) << 20;  // below, the launches cost more
-  std::vector<RingPiece> first_pieces;
 
   int world = 0;        // GPUs in the ring
   bool multi = false;   // ranks in several processes (devs holds this process's one)

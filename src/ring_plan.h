@@ -21,8 +21,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cstdint>
-#include <vector>
 
 namespace flashattn {
 
@@ -86,34 +84,6 @@ inline int ring_local_seqlen(const RingShard& kv, int k_row0, int k_rows, int L)
     if (b > a) n += std::clamp(L - (begin + (a - lo)), 0, b - a);
   }
   return n;
-}
-
-// A block cut into pieces along whole (batch element, kv head) units, so that each piece can start
-// as soon as its part of the source's K/V has arrived (the backward's first step, which nothing
-// else overlaps): batch elements [b0, b0 + nb) and, of each, kv heads [h0, h0 + nh). Batch ranges
-// when B > 1, else kv-head ranges; every piece is then one contiguous run of (batch, head) rows in
-// every buffer of the block.
-struct RingPiece {
-  int b0 = 0, nb = 0;
-  int h0 = 0, nh = 0;
-};
-
-// At most `count` pieces covering the B x H_kv units (one: the whole block): a small first one (an
-// eighth of the units, at least one), whose part of the block computes while the rest arrives,
-// then the rest in `count` - 1 pieces of about equal size.
-inline std::vector<RingPiece> ring_pieces(int B, int H_kv, int count) {
-  const bool by_batch = B > 1;
-  const int units = by_batch ? B : H_kv;
-  const int first = count > 1 && units > 1 ? std::max(1, units / 8) : units;
-  const int rest = std::min(count - 1, units - first);  // pieces after the first
-  std::vector<int> bounds{0, first};
-  for (int i = 1; i <= rest; ++i) bounds.push_back(first + int(int64_t(units - first) * i / rest));
-  std::vector<RingPiece> out;
-  for (size_t i = 0; i + 1 < bounds.size(); ++i) {
-    const int lo = bounds[i], hi = bounds[i + 1];
-    out.push_back(by_batch ? RingPiece{lo, hi - lo, 0, H_kv} : RingPiece{0, B, lo, hi - lo});
-  }
-  return out;
 }
 
 }  // namespace flashattn

@@ -49,30 +49,9 @@ void Ring::Impl::fetch_kv(int s, Timeline* tl) {
     use(d);
     if (s >= 2) CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.computed[s - 2], 0));
   }
-  if (backward && s == 0 && first_pieces.size() > 1) {
-    // In pieces, K's part then V's; each piece's event lets its part of the block start.
-    for (size_t i = 0; i < first_pieces.size(); ++i) {
-      const RingPiece& pc = first_pieces[i];
-      for (int half = 0; half < 2; ++half) {  // K, then V
-        auto piece = [&](const DeviceBuffer& buf, int len) {
-          const auto [first, elems] = ring_piece_kv(prob, pc, len);
-          return at(buf, (first + half * kv_elems(len)) * int64_t(es()));
-        };
-        ring_shift(
-            s - 1, [&](Dev& d) { return piece(kv_buffer(d, s - 1), shard_len(src_of(d.rank, s - 1))); },
-            [&](Dev& d) { return piece(kv_buffer(d, s), shard_len(src_of(d.rank, s))); },
-            [&](int r) { return size_t(ring_piece_kv(prob, pc, shard_len(r)).second) * es(); }, tl);
-      }
-      for (Dev& d : devs) {
-        use(d);
-        CUDA_CHECK(cudaEventRecord(d.piece_arrived[i], d.comm));
-      }
-    }
-  } else {
-    ring_shift(
-        s - 1, [&](Dev& d) { return kv_buffer(d, s - 1).get(); }, [&](Dev& d) { return kv_buffer(d, s).get(); },
-        [&](int r) { return kv_bytes_of(r); }, tl);
-  }
+  ring_shift(
+      s - 1, [&](Dev& d) { return kv_buffer(d, s - 1).get(); }, [&](Dev& d) { return kv_buffer(d, s).get(); },
+      [&](int r) { return kv_bytes_of(r); }, tl);
   for (Dev& d : devs) {
     use(d);
     CUDA_CHECK(cudaEventRecord(d.kv_arrived[s], d.comm));
@@ -112,18 +91,11 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
     fetch_kv(s + 1, tl);  // the next step's K/V travels while this step computes
     for (Dev& d : devs) {
       use(d);
-      const Block& blk = d.blocks[src_of(d.rank, s)];
-      const bool in_pieces = backward && s == 0 && first_pieces.size() > 1 && !own_step(s) && !blk.call.skip;
-      if (!own_step(s) && !in_pieces) wait_for(d, d.compute, d.kv_arrived[s], tl);
+      if (!own_step(s)) wait_for(d, d.compute, d.kv_arrived[s], tl);
       // The partial buffers of step s were merged from at step s - 2.
       if (s >= 2) CUDA_CHECK(cudaStreamWaitEvent(d.compute, d.merged[s - 2], 0));
-      if (in_pieces) {
-        const BwdParams whole = block_bwd_params(d, s, s & 1);
-        for (size_t i = 0; i < first_pieces.size(); ++i) {
-          wait_for(d, d.compute, d.piece_arrived[i], tl);
-          entry->bwd(ring_piece_bwd(whole, prob, first_pieces[i]), d.ctx);
-        }
-      } else if (!blk.call.skip) {
+      const Block& blk = d.blocks[src_of(d.rank, s)];
+      if (!blk.call.skip) {
         if (backward)
           entry->bwd(block_bwd_params(d, s, s & 1), d.ctx);
         else

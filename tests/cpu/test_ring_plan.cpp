@@ -1,10 +1,8 @@
 // The ring's sharding and step plan (src/ring_plan.h): every (query, key) pair the mask allows is
 // computed exactly once over all ranks and steps, the zig-zag gives every rank the same work
-// under a causal mask, key padding reaches each block as a prefix of its keys, and a block's
-// pieces cover it once.
+// under a causal mask, and key padding reaches each block as a prefix of its keys.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <vector>
 
 #include "ring_plan.h"
@@ -107,34 +105,6 @@ TEST(RingPlan, ShardRowsRoundTrip) {
     }
     EXPECT_EQ(back, whole) << (bshd ? "bshd" : "bhsd");
   }
-}
-
-// A block's pieces cover every (batch, kv head) unit once, as runs of whole batch elements when
-// B > 1 and of kv heads when B = 1, no more of them than asked for or than there are units, the
-// first an eighth of the units (at least one).
-TEST(RingPlan, PiecesCoverEveryUnitOnce) {
-  for (int B : {1, 2, 3, 5})
-    for (int H_kv : {1, 2, 8})
-      for (int count : {0, 1, 3, 4, 16}) {
-        const std::vector<RingPiece> pieces = ring_pieces(B, H_kv, count);
-        const int units = B > 1 ? B : H_kv;
-        ASSERT_GE(pieces.size(), 1u);
-        EXPECT_LE(int(pieces.size()), std::clamp(count, 1, units)) << B << " " << H_kv << " " << count;
-        if (count > 1 && units > 1) {
-          EXPECT_GE(pieces.size(), 2u) << B << " " << H_kv << " " << count;
-          EXPECT_EQ(pieces[0].nb * pieces[0].nh, (B > 1 ? 1 : B) * std::max(1, units / 8) * (B > 1 ? H_kv : 1));
-        }
-        std::vector<int> seen(size_t(B) * H_kv, 0);
-        for (const RingPiece& pc : pieces) {
-          EXPECT_GT(pc.nb * pc.nh, 0);
-          if (B > 1) {
-            EXPECT_EQ(pc.nh, H_kv);
-          }
-          for (int b = pc.b0; b < pc.b0 + pc.nb; ++b)
-            for (int h = pc.h0; h < pc.h0 + pc.nh; ++h) ++seen[size_t(b) * H_kv + h];
-        }
-        EXPECT_EQ(seen, std::vector<int>(seen.size(), 1)) << B << " " << H_kv << " " << count;
-      }
 }
 
 }  // namespace

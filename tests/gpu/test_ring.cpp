@@ -1,6 +1,6 @@
 // Rings over two GPUs (src/ring.h): every kernel that declares partial outputs, forward and
 // backward, causal (zig-zag) and not, GQA, key padding (with an empty and a short sequence), and
-// lengths that 2N does not divide, the backward's first block whole and in pieces, checked against the fp64 reference like one-GPU runs, and
+// lengths that 2N does not divide, checked against the fp64 reference like one-GPU runs, and
 // compared with the same kernel on one GPU. Skipped (with the reason) where fewer than two GPUs
 // are present or the build has no NCCL.
 #include <gtest/gtest.h>
@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -25,16 +24,15 @@ struct RingShape {
   int B, H, H_kv, S;
   bool causal;
   bool padding;
-  const char* first_pieces;  // FLASHATTN_RING_FIRST_PIECES for the backward's first block, or null
   const char* tag;
 };
 
 const RingShape kShapes[] = {
-    {2, 4, 4, 256, false, false, nullptr, "s256"},
-    {1, 4, 4, 301, true, false, "3", "s301_causal"},  // 2N = 4 does not divide S; kv-head pieces
-    {2, 8, 2, 257, true, false, "2", "gqa8_2_s257_causal"},  // batch pieces
-    {3, 2, 2, 200, true, true, "3", "padding_causal"},       // batch pieces, per-batch key lengths
-    {1, 2, 2, 3, true, false, nullptr, "s3_causal"},         // shards with empty chunks
+    {2, 4, 4, 256, false, false, "s256"},
+    {1, 4, 4, 301, true, false, "s301_causal"},  // 2N = 4 does not divide S
+    {2, 8, 2, 257, true, false, "gqa8_2_s257_causal"},
+    {3, 2, 2, 200, true, true, "padding_causal"},
+    {1, 2, 2, 3, true, false, "s3_causal"},  // shards with empty chunks
 };
 
 struct RingCase {
@@ -69,14 +67,6 @@ HostArray normal(DType t, std::vector<int64_t> shape, uint64_t stream) {
   return a;
 }
 
-// FLASHATTN_RING_FIRST_PIECES for one shape (unset again however the shape ends).
-struct PiecesEnv {
-  explicit PiecesEnv(const char* v) {
-    if (v) setenv("FLASHATTN_RING_FIRST_PIECES", v, 1);
-  }
-  ~PiecesEnv() { unsetenv("FLASHATTN_RING_FIRST_PIECES"); }
-};
-
 class RingMatrix : public testing::TestWithParam<RingCase> {};
 
 TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
@@ -110,7 +100,6 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     so.timing.repeat = 1;
     so.timing.flush_l2 = false;
     so.check = true;
-    const PiecesEnv pieces(s.first_pieces);
     Session session(std::move(in), so);
     const RunRecord r = session.run(*c.entry);
     ASSERT_TRUE(r.ring.has_value());
