@@ -39,12 +39,12 @@ os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast stays off
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers_capi  # noqa: E402
+import peers  # noqa: E402  (flashattn's generator, as peers.py fills its tensors)
 from peers import load_sweep  # noqa: E402  (flashattn --sweep's presets, read as peers.py reads them)
 from ring_model import flops, pairs  # noqa: E402
 
 HOLD_TIMEOUT_S = 2.0
 PROBE_TIMEOUT_S = 0.5
-GEN_Q, GEN_K, GEN_V, GEN_DO = 1, 2, 3, 4
 
 
 def main():
@@ -75,12 +75,9 @@ def main():
     capi = peers_capi.load(a.capi)
     hold, flush = capi.hold(), capi.flush()
     backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[a.backend]
-    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
-    def generate(shape, dt, tensor):
-        t = torch.empty(shape, dtype=dtypes[dt], device="cuda")
-        capi.fill_normal(t.data_ptr(), dt, t.numel(), a.seed, tensor, torch.cuda.current_stream().cuda_stream)
-        return t
+    def generate(shape, dt, name):  # flashattn's generator, as its sweeps fill tensor `name`
+        return peers.generate(torch, capi, name, shape, dt, a.seed)
 
     def timed(fn, ring=False):
         """Fixed-count timing on the current stream: (samples ms, hold timeouts, held).
@@ -136,8 +133,8 @@ def main():
     for p in load_sweep(a.sweep, {"mode": a.mode})[1]:
         B, H, Hkv, S, D, dt, causal = p["B"], p["H"], p["H_kv"], p["S_q"], p["D"], p["dtype"], p["causal"]
         gqa = Hkv != H
-        full = [generate((B, H, S, D), dt, GEN_Q), generate((B, Hkv, S, D), dt, GEN_K),
-                generate((B, Hkv, S, D), dt, GEN_V), generate((B, H, S, D), dt, GEN_DO)]
+        full = [generate((B, H, S, D), dt, "Q"), generate((B, Hkv, S, D), dt, "K"),
+                generate((B, Hkv, S, D), dt, "V"), generate((B, H, S, D), dt, "dO")]
         times = {}
         for mode in p["modes"]:
             rec = {"kernel": f"torch-cp-{a.backend}", "mode": mode, "gpu": True, "status": "ok", "reason": "",
