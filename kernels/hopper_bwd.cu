@@ -18,8 +18,9 @@
 //                 dS^T = P^T ∘ (dP^T − D_i);  dK_j += dS^T Q_i              (dS from registers)
 //                 dS^T -> shared memory;  dQ_i (the warpgroup's 64 x 64 piece) = dS K_j
 //                 dQ piece -> shared memory; the dQ writer thread adds it into the workspace
-//               dK_j·scale, dV_j -> 16-bit -> shared memory -> TMA stores
-//   convert     dQ = scale · accumulator, un-permuted -> dtype
+//               dK_j·scale, dV_j -> 16-bit -> shared memory -> TMA stores (grads_f32, a ring's
+//               blocks: fp32 straight from registers to global memory)
+//   convert     dQ = scale · accumulator, un-permuted -> dtype (grads_f32: added into fp32 dQ)
 // --deterministic: the same kernels; the CTAs adding into one Q block take turns in key-block
 // order (a counter per Q block in the workspace), so dQ is bit-identical run to run. dK and dV
 // never need it: each CTA owns its keys and sums the query heads of its group itself.
@@ -30,7 +31,8 @@
 // Limits: fp16/bf16, head dims 64 and 128; head dims 32, 96 and 256 (and a scale <= 0) run the
 // mma kernel's backward, as --list says (D = 256 would need dK + dV alone at 256 registers per
 // consumer thread). sm_90 only; tensors 16-byte aligned, strides multiples of 8 elements.
-// Instantiations: 2 head dims x 2 dtypes x (main, convert) + 2 preprocess = 10 kernels.
+// Instantiations: 2 head dims x (2 dtypes x (main, convert) + the fp32 adding convert) + 2
+// preprocess = 12 kernels.
 // Order inside a step (Consumer::step): S^T and dP^T issued together; P while dP^T runs; dV
 // issued before dS is formed; after the barrier dQ before dK, so dQ's store to shared memory
 // overlaps dK's product. Two dQ buffers at D128 (one at D64, where shared memory is full).
@@ -142,8 +144,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) backward_kernel(const __grid_
 }
 
 // One CTA per Q block of the accumulator: its two 64 x 64 pieces (hopper_bwd_tile.cuh, store_dq)
-// -> dQ rows, scaled, rounded, 4-byte stores of column pairs.
-template <class Tr, class T>
+// -> dQ rows, scaled, rounded, 4-byte stores of column pairs; or (kAdd, grads_f32) added into
+// fp32 dQ rows, 8-byte read-modify-writes.
+template <class Tr, class T, bool kAdd>
 __global__ void __launch_bounds__(256) convert_dq_kernel(const Args a, T* dq, Strides dq_st) {
   const int mi = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const float4* src = reinterpret_cast<const float4*>(
@@ -161,10 +164,20 @@ __global__ void __launch_bounds__(256) convert_dq_kernel(const Args a, T* dq, St
     else
       col += piece * 64;
     const int i = mi * Tr::kBlockM + row;
-    if (i < a.S_q)
-      *reinterpret_cast<uint32_t*>(out + i * dq_st.row + col) = mma::pack2<T>(x.x * a.scale, x.y * a.scale);
-    if (i + 8 < a.S_q)
-      *reinterpret_cast<uint32_t*>(out + (i + 8) * dq_st.row + col) = mma::pack2<T>(x.z * a.scale, x.w * a.scale);
+    if constexpr (kAdd) {
+      for (int h = 0; h < 2; ++h) {
+        if (i + 8 * h >= a.S_q) continue;
+        float2* o = reinterpret_cast<float2*>(out + (i + 8 * h) * dq_st.row + col);
+        const float2 old = *o;
+        *o = h == 0 ? make_float2(old.x + x.x * a.scale, old.y + x.y * a.scale)
+                    : make_float2(old.x + x.z * a.scale, old.y + x.w * a.scale);
+      }
+    } else {
+      if (i < a.S_q)
+        *reinterpret_cast<uint32_t*>(out + i * dq_st.row + col) = mma::pack2<T>(x.x * a.scale, x.y * a.scale);
+      if (i + 8 < a.S_q)
+        *reinterpret_cast<uint32_t*>(out + (i + 8) * dq_st.row + col) = mma::pack2<T>(x.z * a.scale, x.w * a.scale);
+    }
   }
 }
 
@@ -197,8 +210,14 @@ void launch(const BwdParams& p, const LaunchContext& ctx) {
   a.tm_do = sm90::make_tensor_map(p.dout, p.dtype, p.do_st, p.B, p.H, p.S_q, p.D, Tr::kBlockM);
   a.tm_k = sm90::make_tensor_map(p.k, p.dtype, p.k_st, p.B, p.H_kv, p.S_k, p.D, Tr::kBlockN);
   a.tm_v = sm90::make_tensor_map(p.v, p.dtype, p.v_st, p.B, p.H_kv, p.S_k, p.D, Tr::kBlockN);
-  a.tm_dk = sm90::make_tensor_map(p.dk, p.dtype, p.dk_st, p.B, p.H_kv, p.S_k, p.D, 64);
-  a.tm_dv = sm90::make_tensor_map(p.dv, p.dtype, p.dv_st, p.B, p.H_kv, p.S_k, p.D, 64);
+  if (p.grads_f32) {  // the consumers store dK and dV themselves
+    a.dk_f32 = static_cast<float*>(p.dk), a.dv_f32 = static_cast<float*>(p.dv);
+    a.dk_f32_st = p.dk_st, a.dv_f32_st = p.dv_st;
+  } else {
+    a.tm_dk = sm90::make_tensor_map(p.dk, p.dtype, p.dk_st, p.B, p.H_kv, p.S_k, p.D, 64);
+    a.tm_dv = sm90::make_tensor_map(p.dv, p.dtype, p.dv_st, p.B, p.H_kv, p.S_k, p.D, 64);
+  }
+  a.S_k = p.S_k;
   a.dq_accum = reinterpret_cast<float*>(base);
   float* lse2 = reinterpret_cast<float*>(base + ws.accum);
   float* dsum = reinterpret_cast<float*>(base + ws.accum + ws.stats);
@@ -235,8 +254,11 @@ void launch(const BwdParams& p, const LaunchContext& ctx) {
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, ctx.stream>>>(a);
   CHECK_LAUNCH("hopper_bwd backward_kernel");
 
-  convert_dq_kernel<Tr, T><<<dim3(a.S_pad / Tr::kBlockM, p.H, p.B), 256, 0, ctx.stream>>>(a, static_cast<T*>(p.dq),
-                                                                                         p.dq_st);
+  const dim3 convert_grid(a.S_pad / Tr::kBlockM, p.H, p.B);
+  if (p.grads_f32)
+    convert_dq_kernel<Tr, float, true><<<convert_grid, 256, 0, ctx.stream>>>(a, static_cast<float*>(p.dq), p.dq_st);
+  else
+    convert_dq_kernel<Tr, T, false><<<convert_grid, 256, 0, ctx.stream>>>(a, static_cast<T*>(p.dq), p.dq_st);
   CHECK_LAUNCH("hopper_bwd convert_dq_kernel");
 }
 
@@ -272,7 +294,10 @@ size_t workspace_bytes(const BwdParams& p) {
 
 void run(const BwdParams& p, const LaunchContext& ctx) {
   if (static_cast<int64_t>(p.B) * p.H * p.S_q == 0 || p.S_k == 0) return;
-  if (!has_own_variant(p)) return mma_backward().bwd(p, ctx);  // as --list says
+  if (!has_own_variant(p)) {
+    if (p.grads_f32) throw RuntimeError("hopper backward: fp32 gradients need its own variant (fp32_gradients says)");
+    return mma_backward().bwd(p, ctx);  // as --list says
+  }
   if (ctx.sm != 90)
     throw RuntimeError("hopper backward: built for sm_90a only; this GPU is sm_" + std::to_string(ctx.sm));
   check_tiled_forward(p, "hopper backward");
@@ -299,6 +324,7 @@ KernelMode make_entry() {
   m.has_deterministic_path = true;
   m.bwd = &run;
   m.bwd_workspace = &workspace_bytes;
+  m.fp32_gradients = &has_own_variant;
   return m;
 }
 

@@ -56,6 +56,7 @@ std::string list_kernels(bool as_json) {
                      {"bitwise_reproducible", e->bitwise_reproducible},
                      {"deterministic_path", e->has_deterministic_path},
                      {"partial_outputs", e->partial_outputs},
+                     {"fp32_gradients", e->fp32_gradients != nullptr},
                      {"compiled_archs", e->compiled_archs}});
     }
     return arr.dump(2) + "\n";
@@ -79,7 +80,8 @@ std::string list_kernels(bool as_json) {
       notes += e->bitwise_reproducible ? " (reproducible)"
                                        : e->has_deterministic_path ? " (--deterministic: reproducible)" : " (not reproducible)";
     }
-    if (e->partial_outputs) notes += std::string(notes.empty() ? "" : "; ") + "ring (--devices)";
+    if (e->partial_outputs)
+      notes += std::string(notes.empty() ? "" : "; ") + "ring (--devices" + (e->fp32_gradients ? ", fp32 gradients)" : ")");
     out += fmt::format("{:<8} {:<8} {:<4} {:<20} {:<16} {:<50} {}\n", e->kernel, mode_name(e->mode),
                        e->gpu ? std::to_string(e->min_sm) : "-", dt, dims_of(*e), ft, notes);
   }

@@ -180,6 +180,7 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
                  {"rank", g.rank >= 0 ? json(g.rank) : json(nullptr)},
                  {"devices", g.devices},
                  {"sharding", "zig-zag"},
+                 {"gradients", g.gradients.empty() ? json(nullptr) : json(g.gradients)},
                  {"per_gpu", per_gpu},
                  {"profiled_ms", num(g.profiled_ms)},
                  {"exposed_comm_ms", num(g.exposed_comm_ms)},

@@ -48,6 +48,7 @@ struct Ring::Impl {};
 Ring::Ring(std::vector<int>) { throw InputError("--devices: " + ring_unavailable()); }
 Ring::Ring(int, const RingProcess&) { throw InputError("--ring-rank: " + ring_unavailable()); }
 bool Ring::root() const { return true; }
+bool Ring::fp32_gradients() const { return false; }
 Ring::~Ring() = default;
 int Ring::size() const { return 0; }
 const std::vector<int>& Ring::devices() const {
@@ -108,8 +109,10 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
   // two partial results and O; the backward's accumulators, two partial gradients, outputs.
   size_t need = 2 * q_elems(len) * e + 3 * size_t(2 * kv_elems(max_kv)) * e + d.ws_bytes;
   need += q_elems(len) * (4 + e) + B * H * len * 4 + 2 * (q_elems(q_rows) * e + B * H * q_rows * 4);
+  // fp32 gradients: no dQ partials, fp32 dK/dV partials.
+  const size_t dq_part_elems = f32_grads ? 0 : q_elems(q_rows), part_es = f32_grads ? 4 : e;
   if (backward)
-    need += q_elems(len) * (4 + e) + B * H * d.shard.len_b * 4 + 2 * (q_elems(q_rows) + 2 * kv_elems(k_rows)) * e +
+    need += q_elems(len) * (4 + e) + B * H * d.shard.len_b * 4 + 2 * (dq_part_elems * e + 2 * kv_elems(k_rows) * part_es) +
             2 * size_t(2 * kv_elems(max_kv)) * 4 + 2 * kv_elems(len) * e;
   use(d);
   require_device_memory(entry->kernel + " (ring rank " + std::to_string(d.rank) + ")", need, d.id);
@@ -138,8 +141,8 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     d.lse_b = DeviceBuffer(B * H * d.shard.len_b * 4);
     d.dq_acc = DeviceBuffer(q_elems(len) * 4);
     for (int i = 0; i < 2; ++i) {
-      d.dq_part[i] = DeviceBuffer(q_elems(q_rows) * e);
-      d.dkv_part[i] = DeviceBuffer(2 * kv_elems(k_rows) * e);
+      d.dq_part[i] = DeviceBuffer(dq_part_elems * e);
+      d.dkv_part[i] = DeviceBuffer(2 * kv_elems(k_rows) * part_es);
       d.acc[i] = DeviceBuffer(2 * kv_elems(max_kv) * 4);
     }
     d.dq = DeviceBuffer(q_elems(len) * e);
@@ -275,6 +278,7 @@ Ring::~Ring() {
 
 int Ring::size() const { return impl_->n(); }
 bool Ring::root() const { return impl_->root(); }
+bool Ring::fp32_gradients() const { return impl_->f32_grads; }
 const std::vector<int>& Ring::devices() const { return impl_->ids; }
 
 void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic) {
@@ -292,6 +296,12 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
     d.blocks.clear();
     d.blocks.resize(s.n());
     for (int src = 0; src < s.n(); ++src) d.blocks[src].call = ring_call(S, s.n(), d.rank, src, s.prob.causal);
+  }
+  s.f32_grads = s.backward && e.fp32_gradients != nullptr && e.fp32_gradients(ring_block_bwd(s.prob, 1, 1, RingCall{}, {}));
+  if (const char* v = std::getenv("FLASHATTN_RING_FP32_GRADIENTS")) {
+    if (std::string(v) != "0" && std::string(v) != "1")
+      throw RuntimeError(std::string("FLASHATTN_RING_FP32_GRADIENTS: expected 0 or 1, got '") + v + "'");
+    s.f32_grads = s.f32_grads && std::string(v) == "1";
   }
   s.bytes_held = 0;
   for (Impl::Dev& d : s.devs) s.allocate(d, in);

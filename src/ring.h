@@ -71,6 +71,8 @@ class Ring {
   const std::vector<int>& devices() const;  // the GPUs this process drives, in ring order
   // Whether this process gathers the outputs and reports (the single process, or rank 0).
   bool root() const;
+  // After prepare: whether the backward's kernel keeps the gradients in fp32 (ring_impl.h).
+  bool fp32_gradients() const;
 
   // Uploads the shards of `in` (host inputs in the problem's layout) for kernel `e` (its forward
   // or backward entry) and allocates every buffer; a backward also runs the ring forward once

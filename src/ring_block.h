@@ -86,4 +86,20 @@ inline BwdParams ring_block_bwd(const Problem& prob, int len, int len_src, const
   return p;
 }
 
+// The backward's fp32 gradients (BwdParams::grads_f32, for a kernel whose fp32_gradients holds):
+// dQ added into the rank's fp32 accumulator dq_acc ([B, H, len, D]) at the block's rows; dK and
+// dV stored into `dkv`, dK then dV: the travelling accumulator itself ([B, H_kv, len_src, D]
+// each, at the block's key rows) when `into_acc`, else a partial [B, H_kv, k_rows, D] each.
+inline void ring_block_grads_f32(const Problem& prob, int len, int len_src, const RingCall& c, float* dq_acc,
+                                 float* dkv, bool into_acc, BwdParams* p) {
+  const Dims& d = prob.dims;
+  const int rows = into_acc ? len_src : c.k_rows, row0 = into_acc ? c.k_row0 : 0;
+  p->grads_f32 = true;
+  p->dq = dq_acc + int64_t(c.q_row0) * d.D;
+  p->dq_st = ring_packed(d.H, len, d.D);
+  p->dk = dkv + int64_t(row0) * d.D;
+  p->dv = dkv + int64_t(d.B) * d.H_kv * rows * d.D + int64_t(row0) * d.D;
+  p->dk_st = p->dv_st = ring_packed(d.H_kv, rows, d.D);
+}
+
 }  // namespace flashattn

@@ -90,6 +90,11 @@ struct Ring::Impl {
   Problem prob;
   bool deterministic = false;
   bool backward = false;
+  // The backward's kernel keeps the gradients in fp32 itself (KernelMode::fp32_gradients): dQ
+  // added into dq_acc, the first step's dK/dV stored into the travelling accumulator, the later
+  // steps' into fp32 partials; no 16-bit partials, no dQ passes. FLASHATTN_RING_FP32_GRADIENTS=0
+  // turns it off (the ablation).
+  bool f32_grads = false;
   cudaEvent_t start = nullptr;  // on rank 0
   size_t bytes_held = 0;
 
@@ -155,7 +160,15 @@ struct Ring::Impl {
     return block_call<FwdParams>(d, s, part, ring_block_fwd);
   }
   BwdParams block_bwd_params(const Dev& d, int s, int part) const {
-    return block_call<BwdParams>(d, s, part, ring_block_bwd);
+    BwdParams p = block_call<BwdParams>(d, s, part, ring_block_bwd);
+    if (f32_grads) {
+      // Step 0's block starts the accumulator of its keys (the own shard comes last: never step 0).
+      const bool into_acc = s == 0 && !own_step(s);
+      float* dkv = static_cast<float*>(into_acc ? d.acc[0].get() : d.dkv_part[part].get());
+      ring_block_grads_f32(prob, d.shard.len(), shard_len(src_of(d.rank, s)), d.blocks[src_of(d.rank, s)].call,
+                           static_cast<float*>(d.dq_acc.get()), dkv, into_acc, &p);
+    }
+    return p;
   }
 
   size_t kv_bytes_of(int rank) const { return 2 * kv_elems(shard_len(rank)) * es(); }

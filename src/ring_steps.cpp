@@ -80,9 +80,9 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
     if (flush && d.flusher) d.flusher->flush(d.compute);  // while rank 0 flushes before `start`
     for (cudaStream_t st : {d.compute, d.comm, d.merge}) CUDA_CHECK(cudaStreamWaitEvent(st, start, 0));
     if (tl) CUDA_CHECK(cudaEventRecord(tl->begin[d.rank], d.compute));
-    if (backward) {
-      ring_fill(static_cast<float*>(d.dq_acc.get()), 0.f, q_elems(d.shard.len()), d.merge);
-      ring_fill(static_cast<float*>(d.acc[0].get()), 0.f, 2 * kv_elems(max_len()), d.merge);
+    if (backward) {  // on the compute stream: the kernels may add or store into them
+      ring_fill(static_cast<float*>(d.dq_acc.get()), 0.f, q_elems(d.shard.len()), d.compute);
+      ring_fill(static_cast<float*>(d.acc[0].get()), 0.f, 2 * kv_elems(max_len()), d.compute);
     }
   }
   fetch_kv(0, tl);  // the backward's first shard (nothing to overlap it with)
@@ -129,8 +129,12 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
     const int len = d.shard.len();
     if (backward) {  // the last step's block was the own one: its accumulator is complete here
       ring_round(prob.dtype, static_cast<const float*>(d.dq_acc.get()), d.dq.get(), q_elems(len), d.merge);
-      ring_round(prob.dtype, static_cast<const float*>(d.acc[(n() - 1) & 1].get()), d.dkv.get(), 2 * kv_elems(len),
-                 d.merge);
+      const float* acc = static_cast<const float*>(d.acc[(n() - 1) & 1].get());
+      if (f32_grads && !d.blocks[d.rank].call.skip)  // plus the own block's fp32 partial (all its keys)
+        ring_add_round(prob.dtype, static_cast<const float*>(d.dkv_part[(n() - 1) & 1].get()), acc, d.dkv.get(),
+                       2 * kv_elems(len), d.merge);
+      else
+        ring_round(prob.dtype, acc, d.dkv.get(), 2 * kv_elems(len), d.merge);
     }
     if (tl) CUDA_CHECK(cudaEventRecord(tl->end[d.rank], d.merge));
     CUDA_CHECK(cudaEventRecord(d.done, d.merge));
@@ -172,6 +176,17 @@ void Ring::Impl::accumulate_step(Dev& d, int s, Timeline* tl) {
   if (s > 0) wait_for(d, d.merge, d.acc_arrived[s - 1], tl);
   if (c.skip) return;
   const int B = dims().B, D = dims().D;
+  if (f32_grads) {
+    // dQ is in dq_acc already; step 0 stored into the accumulator, the last step's partial is
+    // added when the outputs are rounded (enqueue); a step in between adds its fp32 partial.
+    if (s == 0 || s == n() - 1) return;
+    const float* part = static_cast<const float*>(d.dkv_part[s & 1].get());
+    float* acc = static_cast<float*>(d.acc[s & 1].get());
+    for (int half = 0; half < 2; ++half)  // dK, then dV
+      ring_accumulate(DType::F32, part + half * kv_elems(c.k_rows), acc + half * kv_elems(len_src), B, dims().H_kv,
+                      c.k_rows, c.k_row0, len_src, D, d.merge);
+    return;
+  }
   ring_accumulate(prob.dtype, d.dq_part[s & 1].get(), static_cast<float*>(d.dq_acc.get()), B, dims().H, c.q_rows,
                   c.q_row0, len, D, d.merge);
   float* acc = static_cast<float*>(d.acc[s & 1].get());

@@ -69,6 +69,9 @@ struct RingRecord {
   int rank = -1;                       // this process's rank where the ring spans processes
   std::vector<int> devices;            // the GPUs this process drove, in ring order
   std::vector<double> tflops_per_gpu;  // each GPU's blocks' FLOPs / the ring's median time
+  // Backward: "fp32" where the kernel keeps the gradients in fp32 (KernelMode::fp32_gradients),
+  // "partial" where the ring adds up 16-bit partials; empty for a forward.
+  std::string gradients;
   // One profiled repetition after the timed ones (events on every stream): its length, and per
   // GPU the time its compute stream waited for a transfer; the largest of those is the
   // communication the compute did not hide.

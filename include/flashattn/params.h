@@ -79,6 +79,10 @@ struct BwdParams : FwdParams {
   void* dk = nullptr;
   void* dv = nullptr;
   Strides dq_st, dk_st, dv_st;
+  // fp32 gradients (a ring's blocks; only for a kernel whose entry declares fp32_gradients): dq,
+  // dk and dv are float32 with their strides in floats; dK and dV are stored unrounded, dQ is
+  // added into what dq already holds.
+  bool grads_f32 = false;
 };
 
 // Decode: one step of autoregressive attention against a KV cache (data/README.md, "Decode").

@@ -77,6 +77,10 @@ struct KernelMode {
   // block is square) and writes its O and lse; the backward takes O and lse from elsewhere (the
   // ring's merged ones) and writes the block's dQ, dK, dV.
   bool partial_outputs = false;
+  // Whether its backward honours BwdParams::grads_f32 for these params (null: never): the ring
+  // then keeps dQ and dK/dV in fp32 from the kernel on, without 16-bit partials and the passes
+  // that add them up.
+  bool (*fp32_gradients)(const BwdParams&) = nullptr;
   // Head dims (within head_dims) the kernel hands to another registered kernel, which --list and
   // the run's notes name: the kernel has no variant of its own for them.
   std::vector<int> fallback_head_dims;

@@ -41,6 +41,10 @@ void ring_accumulate(DType t, const void* part, float* acc, int B, int H, int ro
 // dst[i] = src[i] rounded to the dtype, n elements (fp32 accumulators to the outputs).
 void ring_round(DType t, const float* src, void* dst, int64_t n, cudaStream_t stream);
 
+// dst[i] = (a[i] + b[i]) rounded to the dtype, n elements (an fp32 partial and accumulator to
+// the output).
+void ring_add_round(DType t, const float* a, const float* b, void* dst, int64_t n, cudaStream_t stream);
+
 // Rows [row0, row0 + rows) of lse ([B, H, S_loc]) into a contiguous [B, H, rows] (a kernel reads
 // lse contiguous over its own rows).
 void ring_lse_rows(const float* lse, float* dst, int B, int H, int rows, int row0, int S_loc, cudaStream_t stream);

@@ -86,6 +86,12 @@ struct Args {
   float* dq_accum = nullptr;
   // --deterministic: [B, H, S_pad / kBlockM] counters (zeroed by the launch), null otherwise.
   int* dq_sem = nullptr;
+  // BwdParams::grads_f32: dK and dV stored by the consumers in fp32 at these strides (floats),
+  // keys below S_k (no TMA, no rounding); null otherwise.
+  float* dk_f32 = nullptr;
+  float* dv_f32 = nullptr;
+  Strides dk_f32_st, dv_f32_st;
+  int S_k = 0;
   int H = 0, group = 1, S_q = 0, S_pad = 0;
   float scale = 0.f, scale_log2 = 0.f;
   int key_lo_shift = 0, key_hi_shift = 0;  // keys visible to query i: [i + lo, i + hi) (hopper_fwd's)
@@ -433,6 +439,7 @@ struct Consumer {
   // dK (x scale) and dV -> 16-bit -> this warpgroup's staging tiles (the Q/dO ring, idle now) ->
   // TMA stores, which drop the rows past S_k.
   __device__ void epilogue() {
+    if (a.dk_f32 != nullptr) return store_f32();
     constexpr int kOutPanel = 64 * 128;  // 64 rows of one 64-column panel
     const uint32_t dk_tile = sm.q + cw * 2 * Tr::kPanels * kOutPanel;
     const uint32_t dv_tile = dk_tile + Tr::kPanels * kOutPanel;
@@ -457,6 +464,24 @@ struct Consumer {
       }
       sm90::tma_store_commit();
       sm90::tma_store_wait_read();
+    }
+  }
+
+  // grads_f32: each thread's accumulator pairs (columns 8·di + 2·(lane % 4), + 1 of its two
+  // rows) straight to global memory as float2; a quad of lanes covers 32 contiguous bytes.
+  __device__ void store_f32() {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = st.n0 + cw * 64 + warp * 16 + r * 8 + lane / 4;
+      if (key >= a.S_k) continue;
+      float* dk = a.dk_f32 + st.b * a.dk_f32_st.batch + st.kv_head * a.dk_f32_st.head + key * a.dk_f32_st.row;
+      float* dv = a.dv_f32 + st.b * a.dv_f32_st.batch + st.kv_head * a.dv_f32_st.head + key * a.dv_f32_st.row;
+#pragma unroll
+      for (int di = 0; di < Tr::kDTiles; ++di) {
+        const int col = di * 8 + 2 * (lane % 4);
+        *reinterpret_cast<float2*>(dk + col) = make_float2(rdK[di][2 * r] * a.scale, rdK[di][2 * r + 1] * a.scale);
+        *reinterpret_cast<float2*>(dv + col) = make_float2(rdV[di][2 * r], rdV[di][2 * r + 1]);
+      }
     }
   }
 };

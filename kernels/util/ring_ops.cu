@@ -160,6 +160,17 @@ __global__ void convert_kernel(const From* src, To* dst, int64_t n) {
   store<V>(dst + e, y);
 }
 
+template <class T, int V>
+__global__ void add_round_kernel(const float* a, const float* b, T* dst, int64_t n) {
+  const int64_t e = (blockIdx.x * int64_t(kThreads) + threadIdx.x) * V;
+  if (e >= n) return;
+  const Pack<float, V> x = load<V>(a + e), y = load<V>(b + e);
+  Pack<T, V> z;
+#pragma unroll
+  for (int k = 0; k < V; ++k) z.v[k] = from_float<T>(x.v[k] + y.v[k]);
+  store<V>(dst + e, z);
+}
+
 template <int V>
 __global__ void fill_kernel(float* dst, float value, int64_t n) {
   const int64_t e = (blockIdx.x * int64_t(kThreads) + threadIdx.x) * V;
@@ -258,6 +269,18 @@ void ring_round(DType t, const float* src, void* dst, int64_t n, cudaStream_t st
     with_vec(vec, [&](auto v) {
       convert_kernel<float, T, v.value><<<blocks_for(n / v.value), kThreads, 0, stream>>>(src, static_cast<T*>(dst), n);
       CHECK_LAUNCH("ring convert_kernel (rounding)");
+    });
+  });
+}
+
+void ring_add_round(DType t, const float* a, const float* b, void* dst, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  DTYPE_SWITCH(t, T, [&] {
+    const bool vec = n % kVec == 0 && aligned(a, kVec * sizeof(float)) && aligned(b, kVec * sizeof(float)) &&
+                     aligned(dst, kVec * sizeof(T));
+    with_vec(vec, [&](auto v) {
+      add_round_kernel<T, v.value><<<blocks_for(n / v.value), kThreads, 0, stream>>>(a, b, static_cast<T*>(dst), n);
+      CHECK_LAUNCH("ring add_round_kernel");
     });
   });
 }

@@ -49,7 +49,8 @@ float& at(void* base, const Strides& st, int b, int h, int i, int d) {
   return static_cast<float*>(base)[b * st.batch + h * st.head + int64_t(i) * st.row + d];
 }
 
-// The backward of one block against the given O and lse (fp32 in and out, double inside).
+// The backward of one block against the given O and lse (fp32 in and out, double inside); with
+// grads_f32, dQ is added into what dq holds.
 void block_backward(const BwdParams& p) {
   const int group = p.H / p.H_kv;
   for (int b = 0; b < p.B; ++b)
@@ -79,7 +80,10 @@ void block_backward(const BwdParams& p) {
             dq[d] += p.scale_f64 * dS * at(p.k, p.k_st, b, g, j, d);
           }
         }
-        for (int d = 0; d < p.D; ++d) at(p.dq, p.dq_st, b, h, i, d) = float(dq[d]);
+        for (int d = 0; d < p.D; ++d) {
+          float& out = at(p.dq, p.dq_st, b, h, i, d);
+          out = p.grads_f32 ? out + float(dq[d]) : float(dq[d]);  // fp32 gradients: dQ is added
+        }
       }
     }
   }
@@ -184,51 +188,68 @@ TEST_P(RingOnHost, EqualsTheWholeProblem) {
   }
 
   // Backward: blocks against the merged O and lse, dQ summed per rank, dK/dV per source shard
-  // (sums: the order of the steps changes only their rounding).
-  std::vector<Vec> dq_sh(N), dkv_acc(N);
-  for (int r = 0; r < N; ++r) dq_sh[r].assign(size_t(B) * H * sh[r].len() * D, 0.f);
-  for (int r = 0; r < N; ++r) dkv_acc[r].assign(2 * size_t(B) * Hk * sh[r].len() * D, 0.f);
-  for (int r = 0; r < N; ++r) {
-    const int len = sh[r].len();
-    // lse of the second chunk's rows, contiguous (what a block of those rows reads).
-    Vec lse_b(size_t(B) * H * sh[r].len_b);
-    for (int bh = 0; bh < B * H && sh[r].len_b > 0; ++bh)
-      std::copy_n(&lse_sh[r][size_t(bh) * len + sh[r].len_a], sh[r].len_b, &lse_b[size_t(bh) * sh[r].len_b]);
-    for (int s = 0; s < N; ++s) {
-      const int src = ((r - s - 1) % N + N) % N;
-      const RingCall call = ring_call(S, N, r, src, c.causal);
-      if (call.skip) continue;
-      Vec dq_part(size_t(B) * H * call.q_rows * D), dkv_part(2 * size_t(B) * Hk * call.k_rows * D);
-      const std::vector<int32_t> kl = local_lens(r, src);
-      RingBlockBuffers buf;
-      buf.q = qs[r].data(), buf.kv = kvs[src].data(), buf.seqlens = c.padding ? kl.data() : nullptr;
-      buf.o = o_sh[r].data(), buf.lse = call.q_row0 == 0 ? lse_sh[r].data() : lse_b.data();
-      buf.dout = dos[r].data(), buf.dq_part = dq_part.data(), buf.dkv_part = dkv_part.data();
-      BwdParams bp = ring_block_bwd(p, len, sh[src].len(), call, buf);
-      block_backward(bp);
-      for (int bh = 0; bh < B * H; ++bh)
-        for (int i = 0; i < call.q_rows; ++i)
-          for (int d = 0; d < D; ++d)
-            dq_sh[r][(size_t(bh) * len + call.q_row0 + i) * D + d] += dq_part[(size_t(bh) * call.q_rows + i) * D + d];
-      const size_t half = size_t(B) * Hk * sh[src].len() * D, part_half = size_t(B) * Hk * call.k_rows * D;
-      for (int t = 0; t < 2; ++t)
-        for (int bg = 0; bg < B * Hk; ++bg)
-          for (int j = 0; j < call.k_rows; ++j)
-            for (int d = 0; d < D; ++d)
-              dkv_acc[src][t * half + (size_t(bg) * sh[src].len() + call.k_row0 + j) * D + d] +=
-                  dkv_part[t * part_half + (size_t(bg) * call.k_rows + j) * D + d];
+  // (sums: the order of the steps changes only their rounding), in the ring's order (steps
+  // outer, own shard last). Twice: with the partial-output contract (each block's gradients
+  // added up here), and with fp32 gradients (ring_block_grads_f32: dQ added by the block into
+  // the rank's accumulator, step 0's dK/dV stored into the accumulator it starts, the others'
+  // into a partial added here).
+  for (const bool f32 : {false, true}) {
+    SCOPED_TRACE(f32 ? "fp32 gradients" : "partial gradients");
+    std::vector<Vec> dq_sh(N), dkv_acc(N), lse_b(N);
+    for (int r = 0; r < N; ++r) {
+      dq_sh[r].assign(size_t(B) * H * sh[r].len() * D, 0.f);
+      dkv_acc[r].assign(2 * size_t(B) * Hk * sh[r].len() * D, 0.f);
+      // lse of the second chunk's rows, contiguous (what a block of those rows reads).
+      lse_b[r].resize(size_t(B) * H * sh[r].len_b);
+      for (int bh = 0; bh < B * H && sh[r].len_b > 0; ++bh)
+        std::copy_n(&lse_sh[r][size_t(bh) * sh[r].len() + sh[r].len_a], sh[r].len_b,
+                    &lse_b[r][size_t(bh) * sh[r].len_b]);
     }
+    for (int s = 0; s < N; ++s) {
+      for (int r = 0; r < N; ++r) {
+        const int len = sh[r].len();
+        const int src = ((r - s - 1) % N + N) % N;
+        const RingCall call = ring_call(S, N, r, src, c.causal);
+        if (call.skip) continue;
+        Vec dq_part(size_t(B) * H * call.q_rows * D), dkv_part(2 * size_t(B) * Hk * call.k_rows * D);
+        const std::vector<int32_t> kl = local_lens(r, src);
+        RingBlockBuffers buf;
+        buf.q = qs[r].data(), buf.kv = kvs[src].data(), buf.seqlens = c.padding ? kl.data() : nullptr;
+        buf.o = o_sh[r].data(), buf.lse = call.q_row0 == 0 ? lse_sh[r].data() : lse_b[r].data();
+        buf.dout = dos[r].data(), buf.dq_part = dq_part.data(), buf.dkv_part = dkv_part.data();
+        BwdParams bp = ring_block_bwd(p, len, sh[src].len(), call, buf);
+        const bool into_acc = f32 && s == 0;
+        if (f32)
+          ring_block_grads_f32(p, len, sh[src].len(), call, dq_sh[r].data(),
+                               into_acc ? dkv_acc[src].data() : dkv_part.data(), into_acc, &bp);
+        block_backward(bp);
+        if (!f32)
+          for (int bh = 0; bh < B * H; ++bh)
+            for (int i = 0; i < call.q_rows; ++i)
+              for (int d = 0; d < D; ++d)
+                dq_sh[r][(size_t(bh) * len + call.q_row0 + i) * D + d] +=
+                    dq_part[(size_t(bh) * call.q_rows + i) * D + d];
+        if (into_acc) continue;
+        const size_t half = size_t(B) * Hk * sh[src].len() * D, part_half = size_t(B) * Hk * call.k_rows * D;
+        for (int t = 0; t < 2; ++t)
+          for (int bg = 0; bg < B * Hk; ++bg)
+            for (int j = 0; j < call.k_rows; ++j)
+              for (int d = 0; d < D; ++d)
+                dkv_acc[src][t * half + (size_t(bg) * sh[src].len() + call.k_row0 + j) * D + d] +=
+                    dkv_part[t * part_half + (size_t(bg) * call.k_rows + j) * D + d];
+      }
+    }
+    Vec dq_ring(q.size()), dk_ring(k.size()), dv_ring(v.size());
+    for (int r = 0; r < N; ++r) {
+      unshard(dq_sh[r], B, H, S, D, sh[r], &dq_ring);
+      const size_t half = size_t(B) * Hk * sh[r].len() * D;
+      unshard(Vec(dkv_acc[r].begin(), dkv_acc[r].begin() + half), B, Hk, S, D, sh[r], &dk_ring);
+      unshard(Vec(dkv_acc[r].begin() + half, dkv_acc[r].end()), B, Hk, S, D, sh[r], &dv_ring);
+    }
+    for (size_t i = 0; i < dq_ref.size(); ++i) ASSERT_NEAR(dq_ring[i], dq_ref[i], 1e-4) << "dQ element " << i;
+    for (size_t i = 0; i < dk_ref.size(); ++i) ASSERT_NEAR(dk_ring[i], dk_ref[i], 1e-4) << "dK element " << i;
+    for (size_t i = 0; i < dv_ref.size(); ++i) ASSERT_NEAR(dv_ring[i], dv_ref[i], 1e-4) << "dV element " << i;
   }
-  Vec dq_ring(q.size()), dk_ring(k.size()), dv_ring(v.size());
-  for (int r = 0; r < N; ++r) {
-    unshard(dq_sh[r], B, H, S, D, sh[r], &dq_ring);
-    const size_t half = size_t(B) * Hk * sh[r].len() * D;
-    unshard(Vec(dkv_acc[r].begin(), dkv_acc[r].begin() + half), B, Hk, S, D, sh[r], &dk_ring);
-    unshard(Vec(dkv_acc[r].begin() + half, dkv_acc[r].end()), B, Hk, S, D, sh[r], &dv_ring);
-  }
-  for (size_t i = 0; i < dq_ref.size(); ++i) ASSERT_NEAR(dq_ring[i], dq_ref[i], 1e-4) << "dQ element " << i;
-  for (size_t i = 0; i < dk_ref.size(); ++i) ASSERT_NEAR(dk_ring[i], dk_ref[i], 1e-4) << "dK element " << i;
-  for (size_t i = 0; i < dv_ref.size(); ++i) ASSERT_NEAR(dv_ring[i], dv_ref[i], 1e-4) << "dV element " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, RingOnHost,

@@ -1,6 +1,7 @@
 // Rings over two GPUs (src/ring.h): every kernel that declares partial outputs, forward and
 // backward, causal (zig-zag) and not, GQA, key padding (with an empty and a short sequence), and
-// lengths that 2N does not divide, checked against the fp64 reference like one-GPU runs, and
+// lengths that 2N does not divide, the backward's gradients in fp32 where the kernel keeps them
+// so and as 16-bit partials, checked against the fp64 reference like one-GPU runs, and
 // compared with the same kernel on one GPU. Skipped (with the reason) where fewer than two GPUs
 // are present or the build has no NCCL.
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -24,15 +26,24 @@ struct RingShape {
   int B, H, H_kv, S;
   bool causal;
   bool padding;
+  bool partial_gradients;  // FLASHATTN_RING_FP32_GRADIENTS=0: the 16-bit partials where fp32 would do
   const char* tag;
 };
 
 const RingShape kShapes[] = {
-    {2, 4, 4, 256, false, false, "s256"},
-    {1, 4, 4, 301, true, false, "s301_causal"},  // 2N = 4 does not divide S
-    {2, 8, 2, 257, true, false, "gqa8_2_s257_causal"},
-    {3, 2, 2, 200, true, true, "padding_causal"},
-    {1, 2, 2, 3, true, false, "s3_causal"},  // shards with empty chunks
+    {2, 4, 4, 256, false, false, true, "s256"},
+    {1, 4, 4, 301, true, false, false, "s301_causal"},  // 2N = 4 does not divide S
+    {2, 8, 2, 257, true, false, false, "gqa8_2_s257_causal"},
+    {3, 2, 2, 200, true, true, true, "padding_causal"},
+    {1, 2, 2, 3, true, false, false, "s3_causal"},  // shards with empty chunks
+};
+
+// FLASHATTN_RING_FP32_GRADIENTS=0 for one shape (unset again however the shape ends).
+struct PartialGradientsEnv {
+  explicit PartialGradientsEnv(bool on) {
+    if (on) setenv("FLASHATTN_RING_FP32_GRADIENTS", "0", 1);
+  }
+  ~PartialGradientsEnv() { unsetenv("FLASHATTN_RING_FP32_GRADIENTS"); }
 };
 
 struct RingCase {
@@ -100,6 +111,7 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     so.timing.repeat = 1;
     so.timing.flush_l2 = false;
     so.check = true;
+    const PartialGradientsEnv partial(s.partial_gradients);
     Session session(std::move(in), so);
     const RunRecord r = session.run(*c.entry);
     ASSERT_TRUE(r.ring.has_value());

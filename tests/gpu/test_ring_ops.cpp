@@ -164,10 +164,16 @@ TEST_P(RingOps, MatchHost) {
     ring_accumulate(t, dp.ptr(), da.f(), B, H, rows, row0, S_loc, D, nullptr);
     expect_close(floats_of(DType::F32, da.get(acc_b.size())), want, DType::F32, "accumulate");
   }
-  {  // ring_round and ring_fill
+  {  // ring_round, ring_add_round and ring_fill
     Dev da(acc_b, off_f), dout(std::vector<uint8_t>(n_shard * es, 0xff), off_t);
     ring_round(t, da.f(), dout.ptr(), n_shard, nullptr);
     expect_close(floats_of(t, dout.get(n_shard * es)), rounded(t, acc0), t, "round");
+    const std::vector<float> other = normal(n_shard, 5);
+    Dev db(bytes_of(DType::F32, other), off_f);
+    std::vector<float> sum(n_shard);
+    for (int64_t i = 0; i < n_shard; ++i) sum[i] = acc0[i] + other[i];
+    ring_add_round(t, db.f(), da.f(), dout.ptr(), n_shard, nullptr);
+    expect_close(floats_of(t, dout.get(n_shard * es)), rounded(t, sum), t, "add_round");
     ring_fill(da.f(), -INFINITY, n_shard, nullptr);
     expect_close(floats_of(DType::F32, da.get(acc_b.size())), std::vector<float>(n_shard, -INFINITY), DType::F32,
                  "fill");
