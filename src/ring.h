@@ -46,9 +46,9 @@ std::string ring_note(const RingRecord& g, double median_ms);
 
 // What one instrumented repetition of a ring run saw, from events on every GPU's streams.
 struct RingProfile {
-  std::vector<double> compute_ms;  // per GPU: its compute stream's time from start to its last block
-  std::vector<double> waiting_ms;  // per GPU: time its compute stream waited for a transfer
-  double total_ms = 0;             // start to the last GPU's end
+  std::vector<double> blocks_ms;   // per GPU: from the start to the end of its last block
+  std::vector<double> waiting_ms;  // per GPU: transfer waits not hidden (ring_steps.cpp, profile)
+  double total_ms = 0;             // start to the last GPU's end (its outputs written)
   double exposed_comm_ms = 0;      // max over GPUs of waiting_ms: communication not hidden
   double link_gbps = 0;            // the fastest transfer of at least 1 MiB: bytes / its time
 };

@@ -219,9 +219,10 @@ RingProfile Ring::profile(cudaStream_t stream0) {
   for (Impl::Dev& d : s.devs) {
     s.use(d);
     for (cudaStream_t st : {d.compute, d.merge, d.comm}) CUDA_CHECK(cudaStreamSynchronize(st));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, tl.begin[d.rank], tl.end[d.rank]));
-    p.compute_ms.push_back(ms);
+    float ms = 0, end_ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&end_ms, tl.begin[d.rank], tl.end[d.rank]));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, tl.begin[d.rank], tl.compute_end[d.rank]));
+    p.blocks_ms.push_back(ms);
     // Not hidden: a wait of the compute stream stalls the blocks; a wait of the merge stream
     // (the backward's accumulators) costs only what lies past the last block's end.
     double waiting = 0;
@@ -242,7 +243,7 @@ RingProfile Ring::profile(cudaStream_t stream0) {
         p.link_gbps = std::max(p.link_gbps, tl.comm_bytes[d.rank][i] / (ms * 1e-3) / 1e9);
     }
     p.waiting_ms.push_back(waiting);
-    p.total_ms = std::max(p.total_ms, p.compute_ms.back());
+    p.total_ms = std::max(p.total_ms, double(end_ms));
     p.exposed_comm_ms = std::max(p.exposed_comm_ms, waiting);
   }
   for (Impl::Dev& d : s.devs) {

@@ -397,6 +397,7 @@ struct Session::Impl {
       CUDA_CHECK(cudaSetDevice(opt.device));
       info->profiled_ms = prof.total_ms;
       info->waiting_ms = prof.waiting_ms;
+      info->blocks_ms = prof.blocks_ms;
       info->exposed_comm_ms = prof.exposed_comm_ms;
       info->link_gbps = prof.link_gbps;
       for (double f : ring->flops_per_device())

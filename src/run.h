@@ -77,6 +77,9 @@ struct RingRecord {
   // communication the compute did not hide.
   double profiled_ms = 0;
   std::vector<double> waiting_ms;
+  // Per GPU, from that repetition's start to the end of its last block: GPUs whose blocks take
+  // different times (the causal steps' blocks have other shapes on each) wait for the slowest.
+  std::vector<double> blocks_ms;
   double exposed_comm_ms = 0;
   double link_gbps = 0;  // the fastest transfer of that repetition (>= 1 MiB): bytes / its time
   // The same kernel on devices[0] alone, same inputs, timed the same way (-1: not run, and why).
