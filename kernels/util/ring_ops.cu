@@ -72,6 +72,21 @@ dim3 row_grid(int rows, int D, int V, int64_t pairs) {
   return dim3(blocks_for(int64_t(rows) * (D / V)), static_cast<unsigned>(std::min<int64_t>(pairs, kMaxGridY)));
 }
 
+// V elements of a row of the running result take in the block's (at `part`, by the rows' lse).
+template <int V, class T>
+__device__ __forceinline__ void merge_into(Pack<float, V>& a, const T* part, float lse_acc, float lse_part) {
+  float lse, wa, wp;
+  merge_weights(lse_acc, lse_part, &lse, &wa, &wp);
+  if (wp == 0.f) {  // an empty block's O is not read
+#pragma unroll
+    for (int k = 0; k < V; ++k) a.v[k] *= wa;
+    return;
+  }
+  const Pack<T, V> p = load<V>(part);
+#pragma unroll
+  for (int k = 0; k < V; ++k) a.v[k] = wa * a.v[k] + wp * to_float(p.v[k]);
+}
+
 template <class T, int V>
 __global__ void merge_kernel(const T* o_part, const float* lse_part, float* o_acc, const float* lse_acc, int rows,
                              int row0, int S_loc, int D, int64_t pairs) {
@@ -79,17 +94,8 @@ __global__ void merge_kernel(const T* o_part, const float* lse_part, float* o_ac
   if (!t.valid) return;
   for (int64_t bh = blockIdx.y; bh < pairs; bh += gridDim.y) {
     const int64_t prow = bh * rows + t.i, arow = bh * S_loc + row0 + t.i;
-    float lse, wa, wp;
-    merge_weights(lse_acc[arow], lse_part[prow], &lse, &wa, &wp);
     Pack<float, V> a = load<V>(o_acc + arow * D + t.d);
-    if (wp == 0.f) {  // an empty block's O is not read
-#pragma unroll
-      for (int k = 0; k < V; ++k) a.v[k] *= wa;
-    } else {
-      const Pack<T, V> p = load<V>(o_part + prow * D + t.d);
-#pragma unroll
-      for (int k = 0; k < V; ++k) a.v[k] = wa * a.v[k] + wp * to_float(p.v[k]);
-    }
+    merge_into(a, o_part + prow * D + t.d, lse_acc[arow], lse_part[prow]);
     store<V>(o_acc + arow * D + t.d, a);
   }
 }
@@ -116,16 +122,7 @@ __global__ void merge_last_kernel(const T* o_part, const float* lse_part, const 
     Pack<float, V> a = load<V>(o_acc + arow * D + t.d);
     if (bi >= 0 && bi < rows) {
       const int64_t prow = bh * rows + bi;
-      float lse, wa, wp;
-      merge_weights(lse_acc[arow], lse_part[prow], &lse, &wa, &wp);
-      if (wp == 0.f) {
-#pragma unroll
-        for (int k = 0; k < V; ++k) a.v[k] *= wa;
-      } else {
-        const Pack<T, V> p = load<V>(o_part + prow * D + t.d);
-#pragma unroll
-        for (int k = 0; k < V; ++k) a.v[k] = wa * a.v[k] + wp * to_float(p.v[k]);
-      }
+      merge_into(a, o_part + prow * D + t.d, lse_acc[arow], lse_part[prow]);
     }
     Pack<T, V> out;
 #pragma unroll
