@@ -1,0 +1,135 @@
+// hopper's backward with BwdParams::grads_f32 (the ring's blocks) against its own 16-bit path on
+// one GPU: the same launch, dQ added into an fp32 buffer that already holds a known value, dK and
+// dV stored in fp32. Both runs take the deterministic path, so they sum the same fp32 terms in the
+// same order: each fp32 gradient must round to the 16-bit one (half an ulp), at every element,
+// for D 64 and 128, causal and not, GQA and a length no tile divides. Skipped without an sm_90 GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "array.h"
+#include "device_buffer.h"
+#include "device_info.h"
+#include "flashattn/check.h"
+#include "flashattn/device_fill.h"
+#include "flashattn/registry.h"
+#include "gpu_context.h"
+#include "params_build.h"
+#include "problem.h"
+
+namespace flashattn {
+namespace {
+
+DeviceBuffer upload_normal(DType t, int64_t n, uint64_t stream) {
+  std::vector<uint8_t> host(n * dtype_size(t));
+  fill_normal_host(host.data(), t, n, /*seed=*/5, stream);
+  DeviceBuffer d(host.size());
+  CUDA_CHECK(cudaMemcpy(d.get(), host.data(), host.size(), cudaMemcpyHostToDevice));
+  return d;
+}
+
+std::vector<float> download_bf16(const DeviceBuffer& b, int64_t n) {
+  std::vector<uint16_t> h(n);
+  CUDA_CHECK(cudaMemcpy(h.data(), b.get(), n * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> out(n);
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits_to_float(h[i]);
+  return out;
+}
+std::vector<float> download_f32(const DeviceBuffer& b, int64_t n) {
+  std::vector<float> out(n);
+  CUDA_CHECK(cudaMemcpy(out.data(), b.get(), n * 4, cudaMemcpyDeviceToHost));
+  return out;
+}
+
+// got (fp32, less `base`) rounds to want (bf16): within half a bf16 ulp of it, plus fp32's own
+// error in subtracting `base`.
+void expect_rounds_to(const std::vector<float>& got, float base, const std::vector<float>& want, const char* what) {
+  for (size_t i = 0; i < want.size(); ++i) {
+    const float x = got[i] - base;
+    ASSERT_TRUE(std::isfinite(got[i])) << what << " element " << i;
+    ASSERT_NEAR(x, want[i], std::abs(want[i]) / 256 + 1e-6f + std::abs(base) * 1e-7f) << what << " element " << i;
+  }
+}
+
+struct Fp32Case {
+  int D;
+  bool causal;
+};
+
+class HopperFp32Gradients : public testing::TestWithParam<Fp32Case> {};
+
+TEST_P(HopperFp32Gradients, RoundToTheDtypePath) {
+  std::string why;
+  if (cuda_device_count(&why) == 0) GTEST_SKIP() << why;
+  const DeviceInfo dev = query_device(0);
+  if (dev.sm() != 90) GTEST_SKIP() << "hopper runs on sm_90 only; this GPU is sm_" << dev.sm();
+  const KernelMode* fwd = Registry::find("hopper", Mode::Forward);
+  const KernelMode* bwd = Registry::find("hopper", Mode::Backward);
+  if (!fwd || !bwd || !bwd->fp32_gradients) GTEST_SKIP() << "hopper is not built";
+  const Fp32Case c = GetParam();
+  if (std::find(bwd->head_dims.begin(), bwd->head_dims.end(), c.D) == bwd->head_dims.end())
+    GTEST_SKIP() << "head dim " << c.D << " is not in this build";
+  Problem prob;
+  prob.dims = {2, 4, 2, 300, 300, c.D};
+  prob.dtype = DType::BF16;
+  prob.scale = 1.0 / std::sqrt(double(c.D));
+  prob.causal = c.causal;
+  const Dims& d = prob.dims;
+  const int64_t nq = int64_t(d.B) * d.H * d.S_q * d.D, nk = int64_t(d.B) * d.H_kv * d.S_k * d.D;
+  cudaStream_t stream = nullptr;
+  CUDA_CHECK(cudaStreamCreate(&stream));
+  const LaunchContext ctx = gpu_launch_context(dev, 0, stream);
+
+  DeviceBuffer q = upload_normal(DType::BF16, nq, 1), k = upload_normal(DType::BF16, nk, 2),
+               v = upload_normal(DType::BF16, nk, 3), dout = upload_normal(DType::BF16, nq, 4);
+  DeviceBuffer o(nq * 2), lse(int64_t(d.B) * d.H * d.S_q * 4);
+  FwdParams f = forward_params(prob);
+  f.q = q.get(), f.k = k.get(), f.v = v.get(), f.o = o.get(), f.lse = lse.get();
+  f.num_sms = dev.sm_count;
+  f.deterministic = true;
+  DeviceBuffer fws(fwd->fwd_workspace ? fwd->fwd_workspace(f) : 0);
+  f.workspace = fws.get(), f.workspace_bytes = fws.bytes();
+  fwd->fwd(f, ctx);
+
+  BwdParams b;
+  static_cast<FwdParams&>(b) = f;
+  b.dout = dout.get(), b.do_st = f.q_st;
+  b.dq_st = f.q_st, b.dk_st = b.dv_st = f.k_st;
+  DeviceBuffer bws(bwd->bwd_workspace ? bwd->bwd_workspace(b) : 0);
+  b.workspace = bws.get(), b.workspace_bytes = bws.bytes();
+  ASSERT_TRUE(bwd->fp32_gradients(b));
+
+  DeviceBuffer dq(nq * 2), dk(nk * 2), dv(nk * 2);
+  b.dq = dq.get(), b.dk = dk.get(), b.dv = dv.get();
+  bwd->bwd(b, ctx);
+
+  const float base = 0.5f;  // dQ is added into what the buffer holds
+  DeviceBuffer dq32(nq * 4), dk32(nk * 4), dv32(nk * 4);
+  const std::vector<float> filled(nq, base);
+  CUDA_CHECK(cudaMemcpy(dq32.get(), filled.data(), nq * 4, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemset(dk32.get(), 0xff, nk * 4));  // NaN: every element must be stored
+  CUDA_CHECK(cudaMemset(dv32.get(), 0xff, nk * 4));
+  b.grads_f32 = true;
+  b.dq = dq32.get(), b.dk = dk32.get(), b.dv = dv32.get();
+  bwd->bwd(b, ctx);
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+
+  expect_rounds_to(download_f32(dq32, nq), base, download_bf16(dq, nq), "dQ");
+  expect_rounds_to(download_f32(dk32, nk), 0.f, download_bf16(dk, nk), "dK");
+  expect_rounds_to(download_f32(dv32, nk), 0.f, download_bf16(dv, nk), "dV");
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, HopperFp32Gradients,
+                         testing::Values(Fp32Case{64, false}, Fp32Case{64, true}, Fp32Case{128, false},
+                                         Fp32Case{128, true}),
+                         [](const testing::TestParamInfo<Fp32Case>& i) {
+                           return "D" + std::to_string(i.param.D) + (i.param.causal ? "_causal" : "");
+                         });
+
+}  // namespace
+}  // namespace flashattn
