@@ -86,8 +86,10 @@ class Rate:
         sxx = sum((x - mx) ** 2 for x in xs)
         slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
         icpt = my - slope * mx
-        if icpt <= 0 or slope < 0:  # the points do not saturate: keep the best one flat
-            self.r_max, self.p_half = max(r for _, r in pts), 0.0
+        if icpt <= 0 or slope < 0:
+            # The rate falls as blocks grow: a GPU that caps its power runs short kernels at a
+            # higher clock. Keep it flat at the largest block's rate, the most sustained load.
+            self.r_max, self.p_half = pts[-1][1], 0.0
         else:
             self.r_max, self.p_half = 1.0 / icpt, slope / icpt
 

@@ -25,8 +25,8 @@ def test_rate_fit_recovers_a_saturating_curve():
     fit = m.Rate(pts)
     assert fit.r_max == pytest.approx(r_max, rel=1e-9)
     assert fit.p_half == pytest.approx(p_half, rel=1e-9)
-    flat = m.Rate([(1e9, 500.0), (4e9, 450.0)])  # falling rates: kept flat at the best
-    assert flat.r_max == 500.0 and flat.p_half == 0.0
+    flat = m.Rate([(1e9, 500.0), (4e9, 450.0)])  # falling rates: kept flat at the largest block's
+    assert flat.r_max == 450.0 and flat.p_half == 0.0
 
 
 def test_pairs_counts_causal_like_flashattn():
