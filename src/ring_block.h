@@ -52,7 +52,7 @@ inline FwdParams ring_block_fwd(const Problem& prob, int len, int len_src, const
   f.S_q = c.q_rows, f.S_k = c.k_rows;
   f.causal = c.causal;
   f.window_left = -1;
-  f.window_right = c.causal ? 0 : -1;  // a causal block is square: the plain diagonal
+  f.window_right = c.causal ? 0 : c.window_right;  // a causal block is square: the plain diagonal
   f.mask = MaskView{};
   f.seqlens_k = b.seqlens;
   f.q = ring_offset(b.q, int64_t(c.q_row0) * d.D, es);
@@ -88,12 +88,13 @@ inline BwdParams ring_block_bwd(const Problem& prob, int len, int len_src, const
 
 // The backward's fp32 gradients (BwdParams::grads_f32, for a kernel whose fp32_gradients holds):
 // dQ added into the rank's fp32 accumulator dq_acc ([B, H, len, D]) at the block's rows; dK and
-// dV stored into `dkv`, dK then dV: the travelling accumulator itself ([B, H_kv, len_src, D]
-// each, at the block's key rows) when `into_acc`, else a partial [B, H_kv, k_rows, D] each.
+// dV stored into `dkv`, dK then dV: laid out over the source's whole shard ([B, H_kv, len_src,
+// D] each, at the block's key rows) when `whole_shard` (the travelling accumulator itself, or the
+// buffer the own block's two pieces share), else a partial [B, H_kv, k_rows, D] each.
 inline void ring_block_grads_f32(const Problem& prob, int len, int len_src, const RingCall& c, float* dq_acc,
-                                 float* dkv, bool into_acc, BwdParams* p) {
+                                 float* dkv, bool whole_shard, BwdParams* p) {
   const Dims& d = prob.dims;
-  const int rows = into_acc ? len_src : c.k_rows, row0 = into_acc ? c.k_row0 : 0;
+  const int rows = whole_shard ? len_src : c.k_rows, row0 = whole_shard ? c.k_row0 : 0;
   p->grads_f32 = true;
   p->dq = dq_acc + int64_t(c.q_row0) * d.D;
   p->dq_st = ring_packed(d.H, len, d.D);

@@ -75,6 +75,13 @@ struct Ring::Impl {
     // Backward: lse of the second chunk's rows (contiguous), dQ's accumulator, two blocks'
     // gradients (dQ; dK then dV), the travelling dK/dV accumulators (fp32, dK then dV), outputs.
     DeviceBuffer lse_b, dq_acc, dq_part[2], dkv_part[2], acc[2], dq, dkv;
+    // The own block in two pieces (lead_keys > 0, fp32 gradients only; ring_plan.h): the lead,
+    // computed while the first K/V shard travels, and the rest, in the own step; lse of the
+    // lead's rows (contiguous) and the own block's dK/dV, which both pieces store into (fp32,
+    // dK then dV, [B, H_kv, len, D] each).
+    int lead_keys = 0;
+    Block lead, rest;
+    DeviceBuffer lse_lead, dkv_own;
     DeviceBuffer ws;
     size_t ws_bytes = 0;
     // Per step: its block computed, merged (or accumulated), its K/V arrived, its dK/dV
@@ -115,7 +122,8 @@ struct Ring::Impl {
   // Backward: the own shard last, so each dK/dV accumulator ends its trip at its owner, having
   // taken in the owner's block last: no hop after the last step (the forward's order would end
   // with every accumulator one hop from home, a transfer nothing overlaps). The price is the
-  // first step's K/V, which has to arrive before anything starts (half the bytes of that hop).
+  // first step's K/V, which has to arrive before the first remote block (half the bytes of that
+  // hop); with fp32 gradients the own block's lead piece (ring_plan.h) runs meanwhile.
   // Step -1 stands for "before the first step": its shard is the own one.
   int src_of(int r, int s) const {
     const int shift = backward ? s + 1 : s;
@@ -123,6 +131,13 @@ struct Ring::Impl {
   }
   // The K/V buffer step s computes from: the own shard, or the receive buffer it arrived in.
   bool own_step(int s) const { return s < 0 || (backward ? s == n() - 1 : s == 0); }
+  // Step s's block (s = -1: the backward's lead piece; the own step runs the rest where the own
+  // block is split).
+  const Block& block_of(const Dev& d, int s) const {
+    if (s < 0) return d.lead;
+    if (backward && own_step(s) && d.lead_keys > 0) return d.rest;
+    return d.blocks[src_of(d.rank, s)];
+  }
   const DeviceBuffer& kv_buffer(const Dev& d, int s) const {
     if (own_step(s)) return d.kv_own;
     return d.kv[(backward ? s : s - 1) & 1];
@@ -130,17 +145,19 @@ struct Ring::Impl {
 
   // ---- one block ------------------------------------------------------------------------------
   RingBlockBuffers buffers(const Dev& d, int s, int part) const {
-    const RingCall& c = d.blocks[src_of(d.rank, s)].call;
+    const Block& blk = block_of(d, s);
+    const RingCall& c = blk.call;
     RingBlockBuffers b;
     b.q = d.q.get();
     b.kv = kv_buffer(d, s).get();
     b.o_part = d.o_part[part].get();
     b.lse_part = d.lse_part[part].get();
-    b.seqlens = static_cast<const int32_t*>(d.blocks[src_of(d.rank, s)].seqlens.get());
+    b.seqlens = static_cast<const int32_t*>(blk.seqlens.get());
     b.workspace = d.ws.get();
     b.workspace_bytes = d.ws_bytes;
     b.o = d.o.get();
-    b.lse = c.q_row0 == 0 ? d.lse.get() : d.lse_b.get();  // the block's rows, contiguous
+    // The block's rows' lse, contiguous: all rows, the second chunk's, or the lead piece's.
+    b.lse = c.q_row0 == 0 ? d.lse.get() : (s < 0 ? d.lse_lead.get() : d.lse_b.get());
     b.dout = d.dout.get();
     b.dq_part = d.dq_part[part].get();
     b.dkv_part = d.dkv_part[part].get();
@@ -151,7 +168,7 @@ struct Ring::Impl {
   template <class Params, class Build>
   Params block_call(const Dev& d, int s, int part, Build build) const {
     const int src = src_of(d.rank, s);
-    Params p = build(prob, d.shard.len(), shard_len(src), d.blocks[src].call, buffers(d, s, part));
+    Params p = build(prob, d.shard.len(), shard_len(src), block_of(d, s).call, buffers(d, s, part));
     p.num_sms = d.ctx.sm_count;
     p.deterministic = deterministic;
     return p;
@@ -162,11 +179,12 @@ struct Ring::Impl {
   BwdParams block_bwd_params(const Dev& d, int s, int part) const {
     BwdParams p = block_call<BwdParams>(d, s, part, ring_block_bwd);
     if (f32_grads) {
-      // Step 0's block starts the accumulator of its keys (the own shard comes last: never step 0).
-      const bool into_acc = s == 0 && !own_step(s);
-      float* dkv = static_cast<float*>(into_acc ? d.acc[0].get() : d.dkv_part[part].get());
-      ring_block_grads_f32(prob, d.shard.len(), shard_len(src_of(d.rank, s)), d.blocks[src_of(d.rank, s)].call,
-                           static_cast<float*>(d.dq_acc.get()), dkv, into_acc, &p);
+      // Step 0's block starts the accumulator of its keys (the own shard comes last: never step
+      // 0); the own block's pieces store into the buffer they share.
+      const bool into_acc = s == 0 && !own_step(s), pieces = own_step(s) && d.lead_keys > 0;
+      float* dkv = static_cast<float*>(into_acc ? d.acc[0].get() : (pieces ? d.dkv_own : d.dkv_part[part]).get());
+      ring_block_grads_f32(prob, d.shard.len(), shard_len(src_of(d.rank, s)), block_of(d, s).call,
+                           static_cast<float*>(d.dq_acc.get()), dkv, into_acc || pieces, &p);
     }
     return p;
   }

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 
 namespace flashattn {
 
@@ -52,6 +53,10 @@ struct RingCall {
   bool causal = false;
   int q_row0 = 0, q_rows = 0;
   int k_row0 = 0, k_rows = 0;
+  // Not causal: the keys a row sees end window_right past its diagonal (params.h; -1: no end).
+  // The rest of a split own block (below) is causal aligned at the top left: window_right =
+  // q_rows - k_rows.
+  int window_right = -1;
 };
 
 inline RingCall ring_call(int S, int N, int rank, int src, bool causal) {
@@ -84,6 +89,66 @@ inline int ring_local_seqlen(const RingShard& kv, int k_row0, int k_rows, int L)
     if (b > a) n += std::clamp(L - (begin + (a - lo)), 0, b - a);
   }
   return n;
+}
+
+// The backward's own block in two pieces (ring_impl.h: the own shard comes last, so that each
+// dK/dV accumulator ends its trip at home, and the first K/V transfer has nothing to overlap).
+// The lead piece, its last `lead` keys, runs while that transfer travels; the rest, its other
+// keys, runs in the own step. The pieces hold disjoint keys, so each stores its dK/dV rows
+// outright. Under a causal mask the lead's keys are seen only by the rows from the first of
+// them on, so the lead is the square causal block of the last `lead` rows and keys, and the rest
+// is every row against the first len - lead keys, causal aligned at the top left.
+struct RingOwnSplit {
+  RingCall lead, rest;
+};
+
+inline RingOwnSplit ring_split_own(const RingCall& own, int lead) {
+  RingOwnSplit s;
+  s.lead = s.rest = own;
+  const int len = own.k_rows, k0 = len - lead;
+  s.lead.k_row0 = k0, s.lead.k_rows = lead;
+  s.rest.k_rows = k0;
+  if (own.causal) {
+    s.lead.q_row0 = k0, s.lead.q_rows = lead;
+    s.rest.causal = false;
+    s.rest.window_right = own.q_rows - k0;
+  }
+  s.lead.skip = own.skip || lead <= 0;
+  s.rest.skip = own.skip || k0 <= 0;
+  return s;
+}
+
+// How many keys the lead piece takes: as much of the own block as the first K/V transfer
+// (`first_bytes`) lasts, with the block's kernel computing kLeadFlopsPerByte backward FLOPs (10
+// per visible pair per head dim) in the time the link moves a byte (~500 TFLOP/s over
+// ~340 GB/s between two NVLink GPUs), in whole key blocks of kLeadKeyBlock (the width of a
+// backward CTA), at most half the shard. Without a mask every lead CTA runs through all `len`
+// rows: the lead is then one wave (at most `sms` CTAs of B x H_kv x key blocks), and none when one
+// CTA alone outlasts the transfer by a quarter (a GQA group's CTA sums several heads). Under a
+// causal mask the CTAs shorten along the diagonal and the longest starts first; none when that
+// one alone would take more than half of the transfer. 0: no split.
+constexpr double kLeadFlopsPerByte = 1500;
+constexpr int kLeadKeyBlock = 128;
+
+inline int ring_lead_keys(int len, int B, int H, int H_kv, int D, bool causal, int sms, double first_bytes) {
+  if (len < 2 * kLeadKeyBlock || sms <= 0 || first_bytes <= 0) return 0;
+  const double budget = kLeadFlopsPerByte * first_bytes;     // FLOPs the transfer lasts
+  const double per_sm = budget / sms, group = double(H) / H_kv;
+  const double pair_flops = 10.0 * B * H * D;                // backward FLOPs per visible pair, all heads
+  int keys = 0;
+  if (causal) {
+    const double x = std::sqrt(2.0 * budget / pair_flops);   // x^2 / 2 pairs
+    keys = int(std::ceil(x / kLeadKeyBlock)) * kLeadKeyBlock;
+    const double longest = 10.0 * D * group * kLeadKeyBlock * keys;  // key block 0 sees every lead row
+    if (longest > 0.5 * per_sm) return 0;
+  } else {
+    const int blocks = sms / (B * H_kv);
+    const double cta = 10.0 * D * group * kLeadKeyBlock * len;
+    if (blocks < 1 || cta > 1.25 * per_sm) return 0;
+    keys = blocks * kLeadKeyBlock;
+  }
+  keys = std::min(keys, len / 2 / kLeadKeyBlock * kLeadKeyBlock);
+  return keys >= kLeadKeyBlock ? keys : 0;
 }
 
 }  // namespace flashattn

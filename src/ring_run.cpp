@@ -116,11 +116,17 @@ std::string ring_note(const RingRecord& g, double median_ms) {
     std::snprintf(b, sizeof b, "%s%.0f", i ? ", " : "", i < g.tflops_per_gpu.size() ? g.tflops_per_gpu[i] : 0.0);
     tf += b;
   }
+  std::string how = g.gradients.empty() ? "" : ", " + g.gradients + " gradients";
+  if (std::any_of(g.lead_keys.begin(), g.lead_keys.end(), [](int k) { return k > 0; })) {
+    how += ", lead piece ";
+    for (size_t i = 0; i < g.lead_keys.size(); ++i) how += (i ? "/" : "") + std::to_string(g.lead_keys[i]);
+    how += " keys";
+  }
   char buf[400];
   std::string who = "ring over GPUs " + ids;
   if (g.rank >= 0) who = "ring of " + std::to_string(g.size) + " processes (rank " + std::to_string(g.rank) + " on GPU " + ids + ")";
   std::snprintf(buf, sizeof buf, "%s (zig-zag%s): TFLOP/s per GPU %s; transfers not hidden %.3f ms of %.3f, link %.0f GB/s",
-                who.c_str(), g.gradients.empty() ? "" : (", " + g.gradients + " gradients").c_str(), tf.c_str(),
+                who.c_str(), how.c_str(), tf.c_str(),
                 g.exposed_comm_ms, g.profiled_ms, g.link_gbps);
   std::string s = buf;
   if (g.one_gpu_median_ms > 0) {

@@ -85,7 +85,15 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
       ring_fill(static_cast<float*>(d.acc[0].get()), 0.f, 2 * kv_elems(max_len()), d.compute);
     }
   }
-  fetch_kv(0, tl);  // the backward's first shard (nothing to overlap it with)
+  fetch_kv(0, tl);  // the backward's first shard
+  if (backward) {    // ... under the own block's lead piece, where it has one
+    NvtxRange range("ring lead piece");
+    for (Dev& d : devs) {
+      if (d.lead_keys <= 0 || d.lead.call.skip) continue;
+      use(d);
+      entry->bwd(block_bwd_params(d, -1, 0), d.ctx);
+    }
+  }
   for (int s = 0; s < n(); ++s) {
     NvtxRange range("ring step " + std::to_string(s));
     fetch_kv(s + 1, tl);  // the next step's K/V travels while this step computes
@@ -94,7 +102,7 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
       if (!own_step(s)) wait_for(d, d.compute, d.kv_arrived[s], tl);
       // The partial buffers of step s were merged from at step s - 2.
       if (s >= 2) CUDA_CHECK(cudaStreamWaitEvent(d.compute, d.merged[s - 2], 0));
-      const Block& blk = d.blocks[src_of(d.rank, s)];
+      const Block& blk = block_of(d, s);
       if (!blk.call.skip) {
         if (backward)
           entry->bwd(block_bwd_params(d, s, s & 1), d.ctx);
@@ -130,9 +138,10 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
     if (backward) {  // the last step's block was the own one: its accumulator is complete here
       ring_round(prob.dtype, static_cast<const float*>(d.dq_acc.get()), d.dq.get(), q_elems(len), d.merge);
       const float* acc = static_cast<const float*>(d.acc[(n() - 1) & 1].get());
-      if (f32_grads && !d.blocks[d.rank].call.skip)  // plus the own block's fp32 partial (all its keys)
-        ring_add_round(prob.dtype, static_cast<const float*>(d.dkv_part[(n() - 1) & 1].get()), acc, d.dkv.get(),
-                       2 * kv_elems(len), d.merge);
+      if (f32_grads && !d.blocks[d.rank].call.skip)  // plus the own block's fp32 dK/dV (all its keys)
+        ring_add_round(prob.dtype,
+                       static_cast<const float*>((d.lead_keys > 0 ? d.dkv_own : d.dkv_part[(n() - 1) & 1]).get()), acc,
+                       d.dkv.get(), 2 * kv_elems(len), d.merge);
       else
         ring_round(prob.dtype, acc, d.dkv.get(), 2 * kv_elems(len), d.merge);
     }

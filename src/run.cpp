@@ -390,7 +390,10 @@ struct Session::Impl {
     r.mem.peak_bytes = ring->bytes_per_device();
     info->devices = ring->devices();
     info->size = ring->size();
-    if (e.mode == Mode::Backward) info->gradients = ring->fp32_gradients() ? "fp32" : "partial";
+    if (e.mode == Mode::Backward) {
+      info->gradients = ring->fp32_gradients() ? "fp32" : "partial";
+      info->lead_keys = ring->lead_keys();
+    }
     if (opt.ring_process.size > 1) info->rank = opt.ring_process.rank;
     if (timed) {
       const RingProfile prof = ring->profile(stream);

@@ -53,6 +53,59 @@ TEST(RingPlan, EveryVisiblePairOnceAndNoOther) {
       }
 }
 
+// The own block's two pieces (the backward's lead piece and the rest) hold every pair of the
+// own block once, with disjoint keys; the visibility is params.h's, window_right included.
+TEST(RingPlan, OwnBlockSplitsIntoTwoPiecesWithDisjointKeys) {
+  auto visible = [](const RingCall& c, int i, int j) {  // i, j local to the call
+    const int diag = i + c.k_rows - c.q_rows;
+    const int right = c.causal ? 0 : c.window_right;
+    return right < 0 || j <= diag + right;
+  };
+  for (bool causal : {false, true})
+    for (int len : {2, 7, 64, 129})
+      for (int lead : {0, 1, len / 3, len / 2}) {
+        RingCall own;
+        own.skip = false, own.causal = causal, own.q_rows = own.k_rows = len;
+        const RingOwnSplit sp = ring_split_own(own, lead);
+        EXPECT_EQ(sp.lead.skip, lead == 0);
+        EXPECT_FALSE(sp.rest.skip);
+        std::vector<int> count(size_t(len) * len, 0), key_owner(len, 0);
+        for (const RingCall* c : {&sp.lead, &sp.rest}) {
+          if (c->skip) continue;
+          for (int j = 0; j < c->k_rows; ++j) ++key_owner[c->k_row0 + j];
+          for (int i = 0; i < c->q_rows; ++i)
+            for (int j = 0; j < c->k_rows; ++j)
+              if (visible(*c, i, j)) ++count[size_t(c->q_row0 + i) * len + c->k_row0 + j];
+        }
+        for (int j = 0; j < len; ++j) EXPECT_EQ(key_owner[j], 1) << "key " << j;
+        for (int i = 0; i < len; ++i)
+          for (int j = 0; j < len; ++j)
+            EXPECT_EQ(count[size_t(i) * len + j], causal && j > i ? 0 : 1)
+                << "causal=" << causal << " len=" << len << " lead=" << lead << " query " << i << " key " << j;
+      }
+}
+
+// The lead piece's size: whole key blocks, at most half the shard, as long as the first
+// transfer under a causal mask, one wave without one; none where a CTA would outlast it.
+TEST(RingPlan, LeadPieceLastsAboutTheFirstTransfer) {
+  const int len = 16384, H = 32, D = 128, sms = 132;
+  const double kv_bytes = 2.0 * H * len * D * 2;  // K and V, bf16
+  const int causal = ring_lead_keys(len, 1, H, H, D, true, sms, kv_bytes);
+  EXPECT_EQ(causal % kLeadKeyBlock, 0);
+  // Its FLOPs against the transfer's bytes at kLeadFlopsPerByte, within a key block.
+  const double flops = 10.0 * H * D * causal * (causal + 1) / 2;
+  EXPECT_GE(flops, kLeadFlopsPerByte * kv_bytes);
+  EXPECT_LT(10.0 * H * D * (causal - kLeadKeyBlock) * (causal - kLeadKeyBlock + 1) / 2, kLeadFlopsPerByte * kv_bytes);
+  EXPECT_EQ(ring_lead_keys(len, 1, H, H, D, false, sms, kv_bytes), sms / H * kLeadKeyBlock);  // one wave
+  // GQA 32/8: a CTA sums four heads and the shard is a quarter of the bytes.
+  EXPECT_EQ(ring_lead_keys(len, 1, H, 8, D, false, sms, kv_bytes / 4), 0);
+  EXPECT_EQ(ring_lead_keys(len, 1, H, 8, D, true, sms, kv_bytes / 4), 0);
+  // Short shards and grids wider than the GPU get none.
+  EXPECT_EQ(ring_lead_keys(200, 1, H, H, D, true, sms, 2.0 * H * 200 * D * 2), 0);
+  EXPECT_EQ(ring_lead_keys(len, 8, H, H, D, false, sms, 8 * kv_bytes), 0);
+  EXPECT_LE(ring_lead_keys(4096, 1, H, H, D, true, sms, 1e12), 2048);  // at most half the shard
+}
+
 TEST(RingPlan, CausalZigZagBalancesTheWork) {
   const int S = 4096;
   for (int N : {2, 4, 8}) {

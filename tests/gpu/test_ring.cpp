@@ -1,7 +1,7 @@
 // Rings over two GPUs (src/ring.h): every kernel that declares partial outputs, forward and
 // backward, causal (zig-zag) and not, GQA, key padding (with an empty and a short sequence), and
 // lengths that 2N does not divide, the backward's gradients in fp32 where the kernel keeps them
-// so and as 16-bit partials, checked against the fp64 reference like one-GPU runs, and
+// so (with and without the own block's lead piece) and as 16-bit partials, checked against the fp64 reference like one-GPU runs, and
 // compared with the same kernel on one GPU. Skipped (with the reason) where fewer than two GPUs
 // are present or the build has no NCCL.
 #include <gtest/gtest.h>
@@ -27,23 +27,28 @@ struct RingShape {
   bool causal;
   bool padding;
   bool partial_gradients;  // FLASHATTN_RING_FP32_GRADIENTS=0: the 16-bit partials where fp32 would do
+  int lead_keys;           // FLASHATTN_RING_LEAD_KEYS (fp32 gradients only); -1: the ring's own choice
   const char* tag;
 };
 
+// The shapes are too short for the ring's own lead pieces (ring_plan.h): the lead's keys are set.
 const RingShape kShapes[] = {
-    {2, 4, 4, 256, false, false, true, "s256"},
-    {1, 4, 4, 301, true, false, false, "s301_causal"},  // 2N = 4 does not divide S
-    {2, 8, 2, 257, true, false, false, "gqa8_2_s257_causal"},
-    {3, 2, 2, 200, true, true, true, "padding_causal"},
-    {1, 2, 2, 3, true, false, false, "s3_causal"},  // shards with empty chunks
+    {2, 4, 4, 256, false, false, true, -1, "s256"},
+    {2, 4, 4, 256, false, false, false, 64, "s256_lead"},
+    {1, 4, 4, 301, true, false, false, 50, "s301_causal_lead"},  // 2N = 4 does not divide S
+    {2, 8, 2, 257, true, false, false, 40, "gqa8_2_s257_causal_lead"},
+    {3, 2, 2, 200, true, true, true, -1, "padding_causal"},
+    {3, 2, 2, 200, true, true, false, 30, "padding_causal_lead"},
+    {1, 2, 2, 3, true, false, false, 1, "s3_causal"},  // shards with empty chunks
 };
 
-// FLASHATTN_RING_FP32_GRADIENTS=0 for one shape (unset again however the shape ends).
-struct PartialGradientsEnv {
-  explicit PartialGradientsEnv(bool on) {
-    if (on) setenv("FLASHATTN_RING_FP32_GRADIENTS", "0", 1);
+// An environment variable set for one shape (unset again however the shape ends).
+struct ScopedEnv {
+  ScopedEnv(const char* name, bool on, const std::string& value) : name_(name) {
+    if (on) setenv(name, value.c_str(), 1);
   }
-  ~PartialGradientsEnv() { unsetenv("FLASHATTN_RING_FP32_GRADIENTS"); }
+  ~ScopedEnv() { unsetenv(name_); }
+  const char* name_;
 };
 
 struct RingCase {
@@ -111,7 +116,8 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     so.timing.repeat = 1;
     so.timing.flush_l2 = false;
     so.check = true;
-    const PartialGradientsEnv partial(s.partial_gradients);
+    const ScopedEnv partial("FLASHATTN_RING_FP32_GRADIENTS", s.partial_gradients, "0");
+    const ScopedEnv lead("FLASHATTN_RING_LEAD_KEYS", s.lead_keys >= 0, std::to_string(s.lead_keys));
     Session session(std::move(in), so);
     const RunRecord r = session.run(*c.entry);
     ASSERT_TRUE(r.ring.has_value());
@@ -123,6 +129,9 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     for (const RingRecord::VsOneGpu& d : r.ring->vs_one_gpu)
       EXPECT_TRUE(d.passed) << d.name << " vs one GPU: " << d.metric << " " << d.measured << " > " << d.tolerance;
     EXPECT_GE(r.ring->max_abs_vs_one_gpu(), 0.0);
+    if (r.ring->gradients == "fp32" && s.lead_keys > 0) {  // the lead piece ran
+      EXPECT_GT(*std::max_element(r.ring->lead_keys.begin(), r.ring->lead_keys.end()), 0);
+    }
     std::printf("  [ring %s %s D%d %s] vs one GPU: %s, max abs %.3g; scaling efficiency %.3f\n", c.entry->kernel.c_str(),
                 mode_name(c.entry->mode), c.D, s.tag, r.ring->bitwise_vs_one_gpu ? "bitwise" : "differs",
                 r.ring->max_abs_vs_one_gpu(), r.ring->scaling_efficiency);
