@@ -122,31 +122,21 @@ inline RingOwnSplit ring_split_own(const RingCall& own, int lead) {
 // (`first_bytes`) lasts, with the block's kernel computing kLeadFlopsPerByte backward FLOPs (10
 // per visible pair per head dim) in the time the link moves a byte (~500 TFLOP/s over
 // ~340 GB/s between two NVLink GPUs), in whole key blocks of kLeadKeyBlock (the width of a
-// backward CTA), at most half the shard. Without a mask every lead CTA runs through all `len`
-// rows: the lead is then one wave (at most `sms` CTAs of B x H_kv x key blocks), and none when one
-// CTA alone outlasts the transfer by a quarter (a GQA group's CTA sums several heads). Under a
-// causal mask the CTAs shorten along the diagonal and the longest starts first; none when that
-// one alone would take more than half of the transfer. 0: no split.
+// backward CTA), at most half the shard; none where the longest lead CTA (key block 0 sees every
+// lead row; a GQA group's CTA sums several heads) would take more than half of the transfer.
+// Only under a causal mask: without one every lead CTA runs through all `len` rows, the lead is
+// one wave of CTAs that share little of Q and dO in L2, and it measured slower than the transfer
+// it hid (docs/PERF.md, ring step 5). 0: no split.
 constexpr double kLeadFlopsPerByte = 1500;
 constexpr int kLeadKeyBlock = 128;
 
 inline int ring_lead_keys(int len, int B, int H, int H_kv, int D, bool causal, int sms, double first_bytes) {
-  if (len < 2 * kLeadKeyBlock || sms <= 0 || first_bytes <= 0) return 0;
-  const double budget = kLeadFlopsPerByte * first_bytes;     // FLOPs the transfer lasts
-  const double per_sm = budget / sms, group = double(H) / H_kv;
-  const double pair_flops = 10.0 * B * H * D;                // backward FLOPs per visible pair, all heads
-  int keys = 0;
-  if (causal) {
-    const double x = std::sqrt(2.0 * budget / pair_flops);   // x^2 / 2 pairs
-    keys = int(std::ceil(x / kLeadKeyBlock)) * kLeadKeyBlock;
-    const double longest = 10.0 * D * group * kLeadKeyBlock * keys;  // key block 0 sees every lead row
-    if (longest > 0.5 * per_sm) return 0;
-  } else {
-    const int blocks = sms / (B * H_kv);
-    const double cta = 10.0 * D * group * kLeadKeyBlock * len;
-    if (blocks < 1 || cta > 1.25 * per_sm) return 0;
-    keys = blocks * kLeadKeyBlock;
-  }
+  if (!causal || len < 2 * kLeadKeyBlock || sms <= 0 || first_bytes <= 0) return 0;
+  const double budget = kLeadFlopsPerByte * first_bytes;  // FLOPs the transfer lasts
+  const double x = std::sqrt(2.0 * budget / (10.0 * B * H * D));  // x^2 / 2 pairs per head
+  int keys = int(std::ceil(x / kLeadKeyBlock)) * kLeadKeyBlock;
+  const double longest = 10.0 * D * (double(H) / H_kv) * kLeadKeyBlock * keys;
+  if (longest > 0.5 * budget / sms) return 0;
   keys = std::min(keys, len / 2 / kLeadKeyBlock * kLeadKeyBlock);
   return keys >= kLeadKeyBlock ? keys : 0;
 }

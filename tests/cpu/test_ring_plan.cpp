@@ -86,7 +86,7 @@ TEST(RingPlan, OwnBlockSplitsIntoTwoPiecesWithDisjointKeys) {
 }
 
 // The lead piece's size: whole key blocks, at most half the shard, as long as the first
-// transfer under a causal mask, one wave without one; none where a CTA would outlast it.
+// transfer; only under a causal mask, and none where one CTA would outlast half the transfer.
 TEST(RingPlan, LeadPieceLastsAboutTheFirstTransfer) {
   const int len = 16384, H = 32, D = 128, sms = 132;
   const double kv_bytes = 2.0 * H * len * D * 2;  // K and V, bf16
@@ -96,13 +96,10 @@ TEST(RingPlan, LeadPieceLastsAboutTheFirstTransfer) {
   const double flops = 10.0 * H * D * causal * (causal + 1) / 2;
   EXPECT_GE(flops, kLeadFlopsPerByte * kv_bytes);
   EXPECT_LT(10.0 * H * D * (causal - kLeadKeyBlock) * (causal - kLeadKeyBlock + 1) / 2, kLeadFlopsPerByte * kv_bytes);
-  EXPECT_EQ(ring_lead_keys(len, 1, H, H, D, false, sms, kv_bytes), sms / H * kLeadKeyBlock);  // one wave
+  EXPECT_EQ(ring_lead_keys(len, 1, H, H, D, false, sms, kv_bytes), 0);  // no mask: none
   // GQA 32/8: a CTA sums four heads and the shard is a quarter of the bytes.
-  EXPECT_EQ(ring_lead_keys(len, 1, H, 8, D, false, sms, kv_bytes / 4), 0);
   EXPECT_EQ(ring_lead_keys(len, 1, H, 8, D, true, sms, kv_bytes / 4), 0);
-  // Short shards and grids wider than the GPU get none.
-  EXPECT_EQ(ring_lead_keys(200, 1, H, H, D, true, sms, 2.0 * H * 200 * D * 2), 0);
-  EXPECT_EQ(ring_lead_keys(len, 8, H, H, D, false, sms, 8 * kv_bytes), 0);
+  EXPECT_EQ(ring_lead_keys(200, 1, H, H, D, true, sms, 2.0 * H * 200 * D * 2), 0);  // a short shard
   EXPECT_LE(ring_lead_keys(4096, 1, H, H, D, true, sms, 1e12), 2048);  // at most half the shard
 }
 
