@@ -17,9 +17,10 @@ The model, per mode (forward, backward) and mask (causal or not):
     half) per head, while the next K/V shard (2 * B * H_kv * S/N * D * 2 bytes) crosses one link
     at --link-gbps, after --latency-us; the step takes the longer of the two. The forward adds one
     pass over the fp32 running O per step (merge) at the device's memory bandwidth. The backward
-    takes the own shard last: its first shard's transfer is exposed, and each step after the
-    first also carries the previous step's fp32 dK/dV accumulator (twice the K/V bytes, in fp32)
-    over the same link; no hop follows the last step.
+    takes the own shard last: its first shard's transfer is exposed (the lead piece that
+    flashattn runs under it is not modelled: the inputs' rings hold what it gained), and each
+    step after the first also carries the previous step's fp32 dK/dV accumulator (twice the K/V
+    bytes, in fp32) over the same link; no hop follows the last step.
   * Scaling efficiency = T(1 GPU, S) / (N * T(ring of N, S)); per-GPU TFLOP/s = FLOPs / N / T.
 
 Where the inputs hold ring runs of N = 2, the model's prediction for those points is printed next
