@@ -106,7 +106,7 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     if (backward && entry->bwd_workspace) d.ws_bytes = std::max(d.ws_bytes, entry->bwd_workspace(block_bwd_params(d, s, 0)));
     if (fwd_entry->fwd_workspace) d.ws_bytes = std::max(d.ws_bytes, fwd_entry->fwd_workspace(block_params(d, s, 0)));
   }
-  if (d.lead_keys > 0 && entry->bwd_workspace)
+  if (d.split() && entry->bwd_workspace)
     d.ws_bytes = std::max(d.ws_bytes, entry->bwd_workspace(block_bwd_params(d, -1, 0)));
   // Q, dO, the own K/V and two receive buffers, the workspace; the forward's running result,
   // two partial results and O; the backward's accumulators, two partial gradients, outputs.
@@ -117,7 +117,7 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
   if (backward)
     need += q_elems(len) * (4 + e) + B * H * d.shard.len_b * 4 + 2 * (dq_part_elems * e + 2 * kv_elems(k_rows) * part_es) +
             2 * size_t(2 * kv_elems(max_kv)) * 4 + 2 * kv_elems(len) * e;
-  if (d.lead_keys > 0) need += B * H * d.lead.call.q_rows * 4 + 2 * kv_elems(len) * 4;  // lse_lead, dkv_own
+  if (d.split()) need += B * H * d.lead.call.q_rows * 4 + 2 * kv_elems(len) * 4;  // lse_lead, dkv_own
   use(d);
   require_device_memory(entry->kernel + " (ring rank " + std::to_string(d.rank) + ")", need, d.id);
   bytes_held = std::max(bytes_held, need);
@@ -151,7 +151,7 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     }
     d.dq = DeviceBuffer(q_elems(len) * e);
     d.dkv = DeviceBuffer(2 * kv_elems(len) * e);
-    if (d.lead_keys > 0) {
+    if (d.split()) {
       d.lse_lead = DeviceBuffer(B * H * d.lead.call.q_rows * 4);
       d.dkv_own = DeviceBuffer(2 * kv_elems(len) * 4);
     }
@@ -165,7 +165,7 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     blk.seqlens = upload_array(local);
   };
   for (int src = 0; src < n() && seqlens; ++src) local_lengths(d.blocks[src], src);
-  if (seqlens && d.lead_keys > 0) {
+  if (seqlens && d.split()) {
     local_lengths(d.lead, d.rank);
     local_lengths(d.rest, d.rank);
   }
@@ -293,7 +293,7 @@ bool Ring::root() const { return impl_->root(); }
 bool Ring::fp32_gradients() const { return impl_->f32_grads; }
 std::vector<int> Ring::lead_keys() const {
   std::vector<int> v;
-  for (const Impl::Dev& d : impl_->devs) v.push_back(d.lead_keys);
+  for (const Impl::Dev& d : impl_->devs) v.push_back(d.split() ? d.lead.call.k_rows : 0);
   return v;
 }
 const std::vector<int>& Ring::devices() const { return impl_->ids; }
@@ -333,15 +333,15 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
   }
   for (Impl::Dev& d : s.devs) {
     const RingCall& own = d.blocks[d.rank].call;
-    d.lead_keys = 0;
+    int lead = 0;
     if (s.backward && s.f32_grads && !own.skip) {
       const int len = own.k_rows;
       const Dims& dm = s.dims();
-      d.lead_keys = lead_set >= 0 ? std::min(lead_set, len / 2)
-                                  : ring_lead_keys(len, dm.B, dm.H, dm.H_kv, dm.D, s.prob.causal, d.ctx.sm_count,
-                                                   double(s.kv_bytes_of(s.src_of(d.rank, 0))));
+      lead = lead_set >= 0 ? std::min(lead_set, len / 2)
+                           : ring_lead_keys(len, dm.B, dm.H, dm.H_kv, dm.D, s.prob.causal, d.ctx.sm_count,
+                                            double(s.kv_bytes_of(s.src_of(d.rank, 0))));
     }
-    const RingOwnSplit split = ring_split_own(own, d.lead_keys);
+    const RingOwnSplit split = ring_split_own(own, lead);
     d.lead = Impl::Block{}, d.rest = Impl::Block{};
     d.lead.call = split.lead, d.rest.call = split.rest;
   }
@@ -362,7 +362,7 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
     if (d.shard.len_b)  // O and lse are written on the merge stream
       ring_lse_rows(static_cast<const float*>(d.lse.get()), static_cast<float*>(d.lse_b.get()), s.dims().B,
                     s.dims().H, d.shard.len_b, d.shard.len_a, d.shard.len(), d.merge);
-    if (d.lead_keys > 0 && d.lead.call.q_row0 > 0)
+    if (d.split() && d.lead.call.q_row0 > 0)
       ring_lse_rows(static_cast<const float*>(d.lse.get()), static_cast<float*>(d.lse_lead.get()), s.dims().B,
                     s.dims().H, d.lead.call.q_rows, d.lead.call.q_row0, d.shard.len(), d.merge);
     CUDA_CHECK(cudaStreamSynchronize(d.merge));

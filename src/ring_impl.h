@@ -75,12 +75,12 @@ struct Ring::Impl {
     // Backward: lse of the second chunk's rows (contiguous), dQ's accumulator, two blocks'
     // gradients (dQ; dK then dV), the travelling dK/dV accumulators (fp32, dK then dV), outputs.
     DeviceBuffer lse_b, dq_acc, dq_part[2], dkv_part[2], acc[2], dq, dkv;
-    // The own block in two pieces (lead_keys > 0, fp32 gradients only; ring_plan.h): the lead,
-    // computed while the first K/V shard travels, and the rest, in the own step; lse of the
-    // lead's rows (contiguous) and the own block's dK/dV, which both pieces store into (fp32,
+    // The own block in two pieces (a lead that is not skipped; fp32 gradients only; ring_plan.h):
+    // the lead, computed while the first K/V shard travels, and the rest, in the own step; lse of
+    // the lead's rows (contiguous) and the own block's dK/dV, which both pieces store into (fp32,
     // dK then dV, [B, H_kv, len, D] each).
-    int lead_keys = 0;
     Block lead, rest;
+    bool split() const { return !lead.call.skip; }
     DeviceBuffer lse_lead, dkv_own;
     DeviceBuffer ws;
     size_t ws_bytes = 0;
@@ -135,7 +135,7 @@ struct Ring::Impl {
   // block is split).
   const Block& block_of(const Dev& d, int s) const {
     if (s < 0) return d.lead;
-    if (backward && own_step(s) && d.lead_keys > 0) return d.rest;
+    if (backward && own_step(s) && d.split()) return d.rest;
     return d.blocks[src_of(d.rank, s)];
   }
   const DeviceBuffer& kv_buffer(const Dev& d, int s) const {
@@ -181,7 +181,7 @@ struct Ring::Impl {
     if (f32_grads) {
       // Step 0's block starts the accumulator of its keys (the own shard comes last: never step
       // 0); the own block's pieces store into the buffer they share.
-      const bool into_acc = s == 0 && !own_step(s), pieces = own_step(s) && d.lead_keys > 0;
+      const bool into_acc = s == 0 && !own_step(s), pieces = own_step(s) && d.split();
       float* dkv = static_cast<float*>(into_acc ? d.acc[0].get() : (pieces ? d.dkv_own : d.dkv_part[part]).get());
       ring_block_grads_f32(prob, d.shard.len(), shard_len(src_of(d.rank, s)), block_of(d, s).call,
                            static_cast<float*>(d.dq_acc.get()), dkv, into_acc || pieces, &p);

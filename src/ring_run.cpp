@@ -126,8 +126,7 @@ std::string ring_note(const RingRecord& g, double median_ms) {
   std::string who = "ring over GPUs " + ids;
   if (g.rank >= 0) who = "ring of " + std::to_string(g.size) + " processes (rank " + std::to_string(g.rank) + " on GPU " + ids + ")";
   std::snprintf(buf, sizeof buf, "%s (zig-zag%s): TFLOP/s per GPU %s; transfers not hidden %.3f ms of %.3f, link %.0f GB/s",
-                who.c_str(), how.c_str(), tf.c_str(),
-                g.exposed_comm_ms, g.profiled_ms, g.link_gbps);
+                who.c_str(), how.c_str(), tf.c_str(), g.exposed_comm_ms, g.profiled_ms, g.link_gbps);
   std::string s = buf;
   if (g.one_gpu_median_ms > 0) {
     std::snprintf(buf, sizeof buf, "; one GPU %.4g ms, scaling efficiency %.3f (%.4g / (%d x %.4g))", g.one_gpu_median_ms,
