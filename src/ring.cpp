@@ -49,7 +49,7 @@ Ring::Ring(std::vector<int>) { throw InputError("--devices: " + ring_unavailable
 Ring::Ring(int, const RingProcess&) { throw InputError("--ring-rank: " + ring_unavailable()); }
 bool Ring::root() const { return true; }
 bool Ring::fp32_gradients() const { return false; }
-std::vector<int> Ring::lead_keys() const { return {}; }
+std::vector<int> Ring::lead_units() const { return {}; }
 Ring::~Ring() = default;
 int Ring::size() const { return 0; }
 const std::vector<int>& Ring::devices() const {
@@ -106,7 +106,7 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     if (backward && entry->bwd_workspace) d.ws_bytes = std::max(d.ws_bytes, entry->bwd_workspace(block_bwd_params(d, s, 0)));
     if (fwd_entry->fwd_workspace) d.ws_bytes = std::max(d.ws_bytes, fwd_entry->fwd_workspace(block_params(d, s, 0)));
   }
-  if (d.split() && entry->bwd_workspace)
+  if (d.lead_units > 0 && entry->bwd_workspace)
     d.ws_bytes = std::max(d.ws_bytes, entry->bwd_workspace(block_bwd_params(d, -1, 0)));
   // Q, dO, the own K/V and two receive buffers, the workspace; the forward's running result,
   // two partial results and O; the backward's accumulators, two partial gradients, outputs.
@@ -117,7 +117,7 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
   if (backward)
     need += q_elems(len) * (4 + e) + B * H * d.shard.len_b * 4 + 2 * (dq_part_elems * e + 2 * kv_elems(k_rows) * part_es) +
             2 * size_t(2 * kv_elems(max_kv)) * 4 + 2 * kv_elems(len) * e;
-  if (d.split()) need += B * H * d.lead.call.q_rows * 4 + 2 * kv_elems(len) * 4;  // lse_lead, dkv_own
+  if (d.lead_units > 0) need += 2 * kv_elems(len) * 4;  // dkv_own
   use(d);
   require_device_memory(entry->kernel + " (ring rank " + std::to_string(d.rank) + ")", need, d.id);
   bytes_held = std::max(bytes_held, need);
@@ -151,10 +151,7 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     }
     d.dq = DeviceBuffer(q_elems(len) * e);
     d.dkv = DeviceBuffer(2 * kv_elems(len) * e);
-    if (d.split()) {
-      d.lse_lead = DeviceBuffer(B * H * d.lead.call.q_rows * 4);
-      d.dkv_own = DeviceBuffer(2 * kv_elems(len) * 4);
-    }
+    if (d.lead_units > 0) d.dkv_own = DeviceBuffer(2 * kv_elems(len) * 4);
   }
   const int32_t* seqlens = in.seqlens_k ? in.seqlens_k->data<int32_t>() : nullptr;
   auto local_lengths = [&](Block& blk, int src) {
@@ -165,7 +162,7 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     blk.seqlens = upload_array(local);
   };
   for (int src = 0; src < n() && seqlens; ++src) local_lengths(d.blocks[src], src);
-  if (seqlens && d.split()) {
+  if (seqlens && d.lead_units > 0) {  // the own block's lengths (each piece starts at its first unit)
     local_lengths(d.lead, d.rank);
     local_lengths(d.rest, d.rank);
   }
@@ -291,9 +288,9 @@ Ring::~Ring() {
 int Ring::size() const { return impl_->n(); }
 bool Ring::root() const { return impl_->root(); }
 bool Ring::fp32_gradients() const { return impl_->f32_grads; }
-std::vector<int> Ring::lead_keys() const {
+std::vector<int> Ring::lead_units() const {
   std::vector<int> v;
-  for (const Impl::Dev& d : impl_->devs) v.push_back(d.split() ? d.lead.call.k_rows : 0);
+  for (const Impl::Dev& d : impl_->devs) v.push_back(d.lead_units);
   return v;
 }
 const std::vector<int>& Ring::devices() const { return impl_->ids; }
@@ -321,29 +318,36 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
     s.f32_grads = s.f32_grads && std::string(v) == "1";
   }
   // The own block's lead piece (ring_plan.h), with fp32 gradients: both pieces store their
-  // dK/dV rows into one buffer. FLASHATTN_RING_LEAD_KEYS sets its keys (0: none).
-  const char* lead_env = std::getenv("FLASHATTN_RING_LEAD_KEYS");
+  // dK/dV into one buffer. FLASHATTN_RING_LEAD_UNITS sets its (batch, kv head) units (0: none).
+  const char* lead_env = std::getenv("FLASHATTN_RING_LEAD_UNITS");
   int lead_set = -1;
   if (lead_env) {
     char* end = nullptr;
     const long v = std::strtol(lead_env, &end, 10);
     if (end == lead_env || *end != '\0' || v < 0 || v > (1 << 30))
-      throw RuntimeError(std::string("FLASHATTN_RING_LEAD_KEYS: expected a number of keys >= 0, got '") + lead_env + "'");
+      throw RuntimeError(std::string("FLASHATTN_RING_LEAD_UNITS: expected a number of units >= 0, got '") + lead_env + "'");
     lead_set = int(v);
   }
+  const Dims& dm = s.dims();
   for (Impl::Dev& d : s.devs) {
     const RingCall& own = d.blocks[d.rank].call;
-    int lead = 0;
+    d.lead_units = 0;
     if (s.backward && s.f32_grads && !own.skip) {
-      const int len = own.k_rows;
-      const Dims& dm = s.dims();
-      lead = lead_set >= 0 ? std::min(lead_set, len / 2)
-                           : ring_lead_keys(len, dm.B, dm.H, dm.H_kv, dm.D, s.prob.causal, d.ctx.sm_count,
-                                            double(s.kv_bytes_of(s.src_of(d.rank, 0))));
+      if (lead_set >= 0) {  // within the rule's shape: under half the units, whole batches where B > 1
+        const int u = std::min(lead_set, dm.B * dm.H_kv / 2);
+        d.lead_units = dm.B > 1 ? u / dm.H_kv * dm.H_kv : u;
+      } else {
+        d.lead_units = ring_lead_units(own.k_rows, dm.B, dm.H, dm.H_kv, dm.D, s.prob.causal, d.ctx.sm_count,
+                                       double(s.kv_bytes_of(s.src_of(d.rank, 0))));
+      }
     }
-    const RingOwnSplit split = ring_split_own(own, lead);
     d.lead = Impl::Block{}, d.rest = Impl::Block{};
-    d.lead.call = split.lead, d.rest.call = split.rest;
+    d.lead.call = d.rest.call = own;
+    d.lead.call.skip = d.lead_units <= 0;
+    if (d.lead_units > 0) {
+      const RingOwnSplit split = ring_split_units(dm.B, dm.H_kv, d.lead_units);
+      d.lead.units = split.lead, d.rest.units = split.rest;
+    }
   }
   s.bytes_held = 0;
   for (Impl::Dev& d : s.devs) s.allocate(d, in);
@@ -362,9 +366,6 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
     if (d.shard.len_b)  // O and lse are written on the merge stream
       ring_lse_rows(static_cast<const float*>(d.lse.get()), static_cast<float*>(d.lse_b.get()), s.dims().B,
                     s.dims().H, d.shard.len_b, d.shard.len_a, d.shard.len(), d.merge);
-    if (d.split() && d.lead.call.q_row0 > 0)
-      ring_lse_rows(static_cast<const float*>(d.lse.get()), static_cast<float*>(d.lse_lead.get()), s.dims().B,
-                    s.dims().H, d.lead.call.q_rows, d.lead.call.q_row0, d.shard.len(), d.merge);
     CUDA_CHECK(cudaStreamSynchronize(d.merge));
   }
   CUDA_CHECK(cudaSetDevice(s.devs[0].id));

@@ -73,9 +73,9 @@ class Ring {
   bool root() const;
   // After prepare: whether the backward's kernel keeps the gradients in fp32 (ring_impl.h).
   bool fp32_gradients() const;
-  // After prepare: per GPU this process drives, the keys of the backward's own-block lead piece
-  // (ring_plan.h; 0: none).
-  std::vector<int> lead_keys() const;
+  // After prepare: per GPU this process drives, the (batch, kv head) units of the backward's
+  // own-block lead piece (ring_plan.h; 0: none).
+  std::vector<int> lead_units() const;
 
   // Uploads the shards of `in` (host inputs in the problem's layout) for kernel `e` (its forward
   // or backward entry) and allocates every buffer; a backward also runs the ring forward once

@@ -53,6 +53,7 @@ struct Ring::Impl {
   // on), and its keys below each batch element's length.
   struct Block {
     RingCall call;
+    RingUnits units;  // a piece of the own block: its (batch, kv head) units; else all
     DeviceBuffer seqlens;  // int32 [B]; empty without key padding
   };
   struct Dev {
@@ -75,13 +76,12 @@ struct Ring::Impl {
     // Backward: lse of the second chunk's rows (contiguous), dQ's accumulator, two blocks'
     // gradients (dQ; dK then dV), the travelling dK/dV accumulators (fp32, dK then dV), outputs.
     DeviceBuffer lse_b, dq_acc, dq_part[2], dkv_part[2], acc[2], dq, dkv;
-    // The own block in two pieces (a lead that is not skipped; fp32 gradients only; ring_plan.h):
-    // the lead, computed while the first K/V shard travels, and the rest, in the own step; lse of
-    // the lead's rows (contiguous) and the own block's dK/dV, which both pieces store into (fp32,
-    // dK then dV, [B, H_kv, len, D] each).
+    // The own block in two pieces (lead_units > 0, fp32 gradients only; ring_plan.h): the lead,
+    // computed while the first K/V shard travels, and the rest, in the own step; the own
+    // block's dK/dV, which both pieces store into (fp32, dK then dV, [B, H_kv, len, D] each).
+    int lead_units = 0;
     Block lead, rest;
-    bool split() const { return !lead.call.skip; }
-    DeviceBuffer lse_lead, dkv_own;
+    DeviceBuffer dkv_own;
     DeviceBuffer ws;
     size_t ws_bytes = 0;
     // Per step: its block computed, merged (or accumulated), its K/V arrived, its dK/dV
@@ -135,7 +135,7 @@ struct Ring::Impl {
   // block is split).
   const Block& block_of(const Dev& d, int s) const {
     if (s < 0) return d.lead;
-    if (backward && own_step(s) && d.split()) return d.rest;
+    if (backward && own_step(s) && d.lead_units > 0) return d.rest;
     return d.blocks[src_of(d.rank, s)];
   }
   const DeviceBuffer& kv_buffer(const Dev& d, int s) const {
@@ -156,8 +156,7 @@ struct Ring::Impl {
     b.workspace = d.ws.get();
     b.workspace_bytes = d.ws_bytes;
     b.o = d.o.get();
-    // The block's rows' lse, contiguous: all rows, the second chunk's, or the lead piece's.
-    b.lse = c.q_row0 == 0 ? d.lse.get() : (s < 0 ? d.lse_lead.get() : d.lse_b.get());
+    b.lse = c.q_row0 == 0 ? d.lse.get() : d.lse_b.get();  // the block's rows, contiguous
     b.dout = d.dout.get();
     b.dq_part = d.dq_part[part].get();
     b.dkv_part = d.dkv_part[part].get();
@@ -181,10 +180,11 @@ struct Ring::Impl {
     if (f32_grads) {
       // Step 0's block starts the accumulator of its keys (the own shard comes last: never step
       // 0); the own block's pieces store into the buffer they share.
-      const bool into_acc = s == 0 && !own_step(s), pieces = own_step(s) && d.split();
+      const bool into_acc = s == 0 && !own_step(s), pieces = own_step(s) && d.lead_units > 0;
       float* dkv = static_cast<float*>(into_acc ? d.acc[0].get() : (pieces ? d.dkv_own : d.dkv_part[part]).get());
       ring_block_grads_f32(prob, d.shard.len(), shard_len(src_of(d.rank, s)), block_of(d, s).call,
                            static_cast<float*>(d.dq_acc.get()), dkv, into_acc || pieces, &p);
+      ring_block_slice(block_of(d, s).units, prob, &p);
     }
     return p;
   }

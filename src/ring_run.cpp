@@ -117,10 +117,10 @@ std::string ring_note(const RingRecord& g, double median_ms) {
     tf += b;
   }
   std::string how = g.gradients.empty() ? "" : ", " + g.gradients + " gradients";
-  if (std::any_of(g.lead_keys.begin(), g.lead_keys.end(), [](int k) { return k > 0; })) {
+  if (std::any_of(g.lead_units.begin(), g.lead_units.end(), [](int k) { return k > 0; })) {
     how += ", lead piece ";
-    for (size_t i = 0; i < g.lead_keys.size(); ++i) how += (i ? "/" : "") + std::to_string(g.lead_keys[i]);
-    how += " keys";
+    for (size_t i = 0; i < g.lead_units.size(); ++i) how += (i ? "/" : "") + std::to_string(g.lead_units[i]);
+    how += " units";
   }
   char buf[400];
   std::string who = "ring over GPUs " + ids;

@@ -89,7 +89,7 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
   if (backward) {    // ... under the own block's lead piece, where it has one
     NvtxRange range("ring lead piece");
     for (Dev& d : devs) {
-      if (!d.split()) continue;
+      if (d.lead_units <= 0 || d.lead.call.skip) continue;
       use(d);
       entry->bwd(block_bwd_params(d, -1, 0), d.ctx);
     }
@@ -140,7 +140,7 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
       const float* acc = static_cast<const float*>(d.acc[(n() - 1) & 1].get());
       if (f32_grads && !d.blocks[d.rank].call.skip)  // plus the own block's fp32 dK/dV (all its keys)
         ring_add_round(prob.dtype,
-                       static_cast<const float*>((d.split() ? d.dkv_own : d.dkv_part[(n() - 1) & 1]).get()), acc,
+                       static_cast<const float*>((d.lead_units > 0 ? d.dkv_own : d.dkv_part[(n() - 1) & 1]).get()), acc,
                        d.dkv.get(), 2 * kv_elems(len), d.merge);
       else
         ring_round(prob.dtype, acc, d.dkv.get(), 2 * kv_elems(len), d.merge);

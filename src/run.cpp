@@ -392,7 +392,7 @@ struct Session::Impl {
     info->size = ring->size();
     if (e.mode == Mode::Backward) {
       info->gradients = ring->fp32_gradients() ? "fp32" : "partial";
-      info->lead_keys = ring->lead_keys();
+      info->lead_units = ring->lead_units();
     }
     if (opt.ring_process.size > 1) info->rank = opt.ring_process.rank;
     if (timed) {

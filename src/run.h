@@ -72,9 +72,9 @@ struct RingRecord {
   // Backward: "fp32" where the kernel keeps the gradients in fp32 (KernelMode::fp32_gradients),
   // "partial" where the ring adds up 16-bit partials; empty for a forward.
   std::string gradients;
-  // Backward, per GPU: the keys of the own block's lead piece, run while the first K/V shard
-  // travels (ring_plan.h; 0: none).
-  std::vector<int> lead_keys;
+  // Backward, per GPU: the (batch, kv head) units of the own block's lead piece, run while the
+  // first K/V shard travels (ring_plan.h; 0: none).
+  std::vector<int> lead_units;
   // One profiled repetition after the timed ones (events on every stream): its length, and per
   // GPU the time its compute stream waited for a transfer; the largest of those is the
   // communication the compute did not hide.

@@ -192,14 +192,17 @@ TEST_P(RingOnHost, EqualsTheWholeProblem) {
   // outer, own shard last). Three ways: with the partial-output contract (each block's gradients
   // added up here); with fp32 gradients (ring_block_grads_f32: dQ added by the block into the
   // rank's accumulator, step 0's dK/dV stored into the accumulator it starts, the others' into a
-  // partial added here); and with fp32 gradients and the own block in two pieces (ring_plan.h:
-  // the lead before step 0, the rest in the own step, both storing into one buffer added last).
+  // partial added here); and with fp32 gradients and the own block in two pieces of (batch, kv
+  // head) units (ring_plan.h: the lead before step 0, the rest in the own step, both storing
+  // into one buffer added last).
   enum Way { kPartial, kF32, kF32Lead };
   for (const Way way : {kPartial, kF32, kF32Lead}) {
     SCOPED_TRACE(way == kPartial ? "partial gradients" : (way == kF32 ? "fp32 gradients" : "fp32 gradients, lead piece"));
     const bool f32 = way != kPartial;
     std::vector<Vec> dq_sh(N), dkv_acc(N), dkv_own(N), lse_b(N);
-    std::vector<RingOwnSplit> split(N);
+    // The lead's units: half the kv heads of the only batch element, else half the batch elements.
+    const int lead = way != kF32Lead ? 0 : (B == 1 ? Hk / 2 : B / 2 * Hk);
+    const RingOwnSplit split = ring_split_units(B, Hk, lead);
     for (int r = 0; r < N; ++r) {
       dq_sh[r].assign(size_t(B) * H * sh[r].len() * D, 0.f);
       dkv_acc[r].assign(2 * size_t(B) * Hk * sh[r].len() * D, 0.f);
@@ -209,33 +212,25 @@ TEST_P(RingOnHost, EqualsTheWholeProblem) {
       for (int bh = 0; bh < B * H && sh[r].len_b > 0; ++bh)
         std::copy_n(&lse_sh[r][size_t(bh) * sh[r].len() + sh[r].len_a], sh[r].len_b,
                     &lse_b[r][size_t(bh) * sh[r].len_b]);
-      split[r] = ring_split_own(ring_call(S, N, r, r, c.causal), way == kF32Lead ? sh[r].len() / 3 : 0);
     }
-    // One block of rank r against src's shard; `own_piece`: dK/dV into dkv_own, whole-shard rows.
-    auto run = [&](int r, int src, const RingCall& call, bool into_acc, bool own_piece) {
+    // One block of rank r against src's shard, or a piece of the own block (`units`; dK/dV into
+    // dkv_own, whole-shard rows).
+    auto run = [&](int r, int src, const RingCall& call, bool into_acc, const RingUnits* units) {
+      const bool own_piece = units != nullptr;
       const int len = sh[r].len();
       Vec dq_part(size_t(B) * H * call.q_rows * D), dkv_part(2 * size_t(B) * Hk * call.k_rows * D);
       std::vector<int32_t> kl(B);
       for (int b = 0; b < B; ++b) kl[b] = ring_local_seqlen(sh[src], call.k_row0, call.k_rows, lens[b]);
-      Vec lse_rows;  // the block's rows' lse, contiguous
-      if (call.q_row0 == 0) {
-        lse_rows = lse_sh[r];
-      } else if (call.q_row0 == sh[r].len_a && call.q_rows == sh[r].len_b) {
-        lse_rows = lse_b[r];
-      } else {
-        for (int bh = 0; bh < B * H; ++bh)
-          lse_rows.insert(lse_rows.end(), &lse_sh[r][size_t(bh) * len + call.q_row0],
-                          &lse_sh[r][size_t(bh) * len + call.q_row0 + call.q_rows]);
-      }
       RingBlockBuffers buf;
       buf.q = qs[r].data(), buf.kv = kvs[src].data(), buf.seqlens = c.padding ? kl.data() : nullptr;
-      buf.o = o_sh[r].data(), buf.lse = lse_rows.data();
+      buf.o = o_sh[r].data(), buf.lse = call.q_row0 == 0 ? lse_sh[r].data() : lse_b[r].data();
       buf.dout = dos[r].data(), buf.dq_part = dq_part.data(), buf.dkv_part = dkv_part.data();
       BwdParams bp = ring_block_bwd(p, len, sh[src].len(), call, buf);
       if (f32)
         ring_block_grads_f32(p, len, sh[src].len(), call, dq_sh[r].data(),
                              into_acc ? dkv_acc[src].data() : (own_piece ? dkv_own[r].data() : dkv_part.data()),
                              into_acc || own_piece, &bp);
+      if (own_piece) ring_block_slice(*units, p, &bp);
       block_backward(bp);
       if (!f32)
         for (int bh = 0; bh < B * H; ++bh)
@@ -251,20 +246,18 @@ TEST_P(RingOnHost, EqualsTheWholeProblem) {
               dkv_acc[src][t * half + (size_t(bg) * sh[src].len() + call.k_row0 + j) * D + d] +=
                   dkv_part[t * part_half + (size_t(bg) * call.k_rows + j) * D + d];
     };
-    for (int r = 0; r < N; ++r)
-      if (!split[r].lead.skip) run(r, r, split[r].lead, false, true);
+    for (int r = 0; r < N && lead > 0; ++r)
+      if (!ring_call(S, N, r, r, c.causal).skip) run(r, r, ring_call(S, N, r, r, c.causal), false, &split.lead);
     for (int s = 0; s < N; ++s) {
       for (int r = 0; r < N; ++r) {
         const int src = ((r - s - 1) % N + N) % N;
-        const bool pieces = src == r && !split[r].lead.skip;
-        const RingCall call = pieces ? split[r].rest : ring_call(S, N, r, src, c.causal);
+        const RingCall call = ring_call(S, N, r, src, c.causal);
         if (call.skip) continue;
-        run(r, src, call, f32 && s == 0, pieces);
+        run(r, src, call, f32 && s == 0, src == r && lead > 0 ? &split.rest : nullptr);
       }
     }
-    for (int r = 0; r < N; ++r)  // the own block's pieces, added as the outputs are rounded
-      if (!split[r].lead.skip)
-        for (size_t i = 0; i < dkv_own[r].size(); ++i) dkv_acc[r][i] += dkv_own[r][i];
+    for (int r = 0; r < N && lead > 0; ++r)  // the own block's pieces, added as the outputs are rounded
+      for (size_t i = 0; i < dkv_own[r].size(); ++i) dkv_acc[r][i] += dkv_own[r][i];
     Vec dq_ring(q.size()), dk_ring(k.size()), dv_ring(v.size());
     for (int r = 0; r < N; ++r) {
       unshard(dq_sh[r], B, H, S, D, sh[r], &dq_ring);

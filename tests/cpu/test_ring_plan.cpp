@@ -53,54 +53,44 @@ TEST(RingPlan, EveryVisiblePairOnceAndNoOther) {
       }
 }
 
-// The own block's two pieces (the backward's lead piece and the rest) hold every pair of the
-// own block once, with disjoint keys; the visibility is params.h's, window_right included.
-TEST(RingPlan, OwnBlockSplitsIntoTwoPiecesWithDisjointKeys) {
-  auto visible = [](const RingCall& c, int i, int j) {  // i, j local to the call
-    const int diag = i + c.k_rows - c.q_rows;
-    const int right = c.causal ? 0 : c.window_right;
-    return right < 0 || j <= diag + right;
-  };
-  for (bool causal : {false, true})
-    for (int len : {2, 7, 64, 129})
-      for (int lead : {0, 1, len / 3, len / 2}) {
-        RingCall own;
-        own.skip = false, own.causal = causal, own.q_rows = own.k_rows = len;
-        const RingOwnSplit sp = ring_split_own(own, lead);
-        EXPECT_EQ(sp.lead.skip, lead == 0);
-        EXPECT_FALSE(sp.rest.skip);
-        std::vector<int> count(size_t(len) * len, 0), key_owner(len, 0);
-        for (const RingCall* c : {&sp.lead, &sp.rest}) {
-          if (c->skip) continue;
-          for (int j = 0; j < c->k_rows; ++j) ++key_owner[c->k_row0 + j];
-          for (int i = 0; i < c->q_rows; ++i)
-            for (int j = 0; j < c->k_rows; ++j)
-              if (visible(*c, i, j)) ++count[size_t(c->q_row0 + i) * len + c->k_row0 + j];
+// The own block's two pieces (the backward's lead piece and the rest) hold every (batch, kv
+// head) unit once: kv heads of the only batch element, else whole batch elements.
+TEST(RingPlan, OwnBlockSplitsIntoTwoPiecesOfUnits) {
+  for (int B : {1, 2, 3})
+    for (int H_kv : {1, 2, 8})
+      for (int u = 1; u <= B * H_kv / 2; ++u) {
+        if (B > 1 && u % H_kv) continue;
+        const RingOwnSplit sp = ring_split_units(B, H_kv, u);
+        std::vector<int> count(size_t(B) * H_kv, 0);
+        int in_lead = 0;
+        for (const RingUnits* p : {&sp.lead, &sp.rest}) {
+          EXPECT_FALSE(p->all());
+          EXPECT_TRUE(B == 1 || (p->g0 == 0 && p->ng == H_kv)) << "whole batch elements where B > 1";
+          for (int b = p->b0; b < p->b0 + p->nb; ++b)
+            for (int g = p->g0; g < p->g0 + p->ng; ++g) ++count[size_t(b) * H_kv + g], in_lead += p == &sp.lead;
         }
-        for (int j = 0; j < len; ++j) EXPECT_EQ(key_owner[j], 1) << "key " << j;
-        for (int i = 0; i < len; ++i)
-          for (int j = 0; j < len; ++j)
-            EXPECT_EQ(count[size_t(i) * len + j], causal && j > i ? 0 : 1)
-                << "causal=" << causal << " len=" << len << " lead=" << lead << " query " << i << " key " << j;
+        EXPECT_EQ(in_lead, u);
+        for (int c : count) EXPECT_EQ(c, 1) << "B=" << B << " H_kv=" << H_kv << " u=" << u;
       }
 }
 
-// The lead piece's size: whole key blocks, at most half the shard, as long as the first
-// transfer; only under a causal mask, and none where one CTA would outlast half the transfer.
-TEST(RingPlan, LeadPieceLastsAboutTheFirstTransfer) {
-  const int len = 16384, H = 32, D = 128, sms = 132;
-  const double kv_bytes = 2.0 * H * len * D * 2;  // K and V, bf16
-  const int causal = ring_lead_keys(len, 1, H, H, D, true, sms, kv_bytes);
-  EXPECT_EQ(causal % kLeadKeyBlock, 0);
-  // Its FLOPs against the transfer's bytes at kLeadFlopsPerByte, within a key block.
-  const double flops = 10.0 * H * D * causal * (causal + 1) / 2;
-  EXPECT_GE(flops, kLeadFlopsPerByte * kv_bytes);
-  EXPECT_LT(10.0 * H * D * (causal - kLeadKeyBlock) * (causal - kLeadKeyBlock + 1) / 2, kLeadFlopsPerByte * kv_bytes);
-  EXPECT_EQ(ring_lead_keys(len, 1, H, H, D, false, sms, kv_bytes), 0);  // no mask: none
-  // GQA 32/8: a CTA sums four heads and the shard is a quarter of the bytes.
-  EXPECT_EQ(ring_lead_keys(len, 1, H, 8, D, true, sms, kv_bytes / 4), 0);
-  EXPECT_EQ(ring_lead_keys(200, 1, H, H, D, true, sms, 2.0 * H * 200 * D * 2), 0);  // a short shard
-  EXPECT_LE(ring_lead_keys(4096, 1, H, H, D, true, sms, 1e12), 2048);  // at most half the shard
+// The lead piece's size: as long as the first transfer, at least a wave of CTAs (two under a
+// causal mask), whole batch elements, at most half the units; none where one CTA outlasts the
+// transfer.
+TEST(RingPlan, LeadPieceLastsTheFirstTransfer) {
+  const int H = 32, D = 128, sms = 132;
+  auto kv_bytes = [&](int len, int H_kv) { return 2.0 * H_kv * len * D * 2; };  // K and V, bf16
+  EXPECT_EQ(ring_lead_units(16384, 1, H, H, D, true, sms, kv_bytes(16384, H)), 3);    // 32k on two GPUs
+  EXPECT_EQ(ring_lead_units(16384, 1, H, H, D, false, sms, kv_bytes(16384, H)), 2);   // a wave: 256 CTAs
+  EXPECT_EQ(ring_lead_units(32768, 1, H, H, D, true, sms, kv_bytes(32768, H)), 2);    // 64k
+  EXPECT_EQ(ring_lead_units(32768, 1, H, H, D, false, sms, kv_bytes(32768, H)), 1);
+  EXPECT_EQ(ring_lead_units(16384, 1, H, 8, D, true, sms, kv_bytes(16384, 8)), 0);   // GQA: a CTA sums 4 heads
+  EXPECT_EQ(ring_lead_units(16384, 1, 8, 8, D, true, sms, kv_bytes(16384, 8)), 0);   // 8 heads: a short transfer
+  EXPECT_EQ(ring_lead_units(16384, 2, H, H, D, true, sms, 2 * kv_bytes(16384, H)), H);  // a whole batch element
+  EXPECT_EQ(ring_lead_units(200, 1, H, H, D, true, sms, kv_bytes(200, H)), 0);  // more than half the units
+  // Its FLOPs cover the transfer's bytes at kLeadFlopsPerByte.
+  const int u = ring_lead_units(16384, 1, H, H, D, true, sms, kv_bytes(16384, H));
+  EXPECT_GE(10.0 * D * u * 16384.0 * 16385 / 2, kLeadFlopsPerByte * kv_bytes(16384, H));
 }
 
 TEST(RingPlan, CausalZigZagBalancesTheWork) {

@@ -1,9 +1,9 @@
 // Rings over two GPUs (src/ring.h): every kernel that declares partial outputs, forward and
 // backward, causal (zig-zag) and not, GQA, key padding (with an empty and a short sequence), and
 // lengths that 2N does not divide, the backward's gradients in fp32 where the kernel keeps them
-// so (with and without the own block's lead piece) and as 16-bit partials, checked against the fp64 reference like one-GPU runs, and
-// compared with the same kernel on one GPU. Skipped (with the reason) where fewer than two GPUs
-// are present or the build has no NCCL.
+// so (with and without the own block's lead piece) and as 16-bit partials, checked against the
+// fp64 reference like one-GPU runs, and compared with the same kernel on one GPU. Skipped (with
+// the reason) where fewer than two GPUs are present or the build has no NCCL.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -27,18 +27,19 @@ struct RingShape {
   bool causal;
   bool padding;
   bool partial_gradients;  // FLASHATTN_RING_FP32_GRADIENTS=0: the 16-bit partials where fp32 would do
-  int lead_keys;           // FLASHATTN_RING_LEAD_KEYS (fp32 gradients only); -1: the ring's own choice
+  int lead_units;          // FLASHATTN_RING_LEAD_UNITS (fp32 gradients only); -1: the ring's own choice
   const char* tag;
 };
 
-// The shapes are too short for the ring's own lead pieces (ring_plan.h): the lead's keys are set.
+// The shapes are too short for the ring's own lead pieces (ring_plan.h): the lead's (batch, kv
+// head) units are set: kv heads of one batch element, or whole batch elements.
 const RingShape kShapes[] = {
     {2, 4, 4, 256, false, false, true, -1, "s256"},
-    {2, 4, 4, 256, false, false, false, 64, "s256_lead"},
-    {1, 4, 4, 301, true, false, false, 50, "s301_causal_lead"},  // 2N = 4 does not divide S
-    {2, 8, 2, 257, true, false, false, 40, "gqa8_2_s257_causal_lead"},
+    {2, 4, 4, 256, false, false, false, 4, "s256_lead"},
+    {1, 4, 4, 301, true, false, false, 2, "s301_causal_lead"},  // 2N = 4 does not divide S
+    {2, 8, 2, 257, true, false, false, 2, "gqa8_2_s257_causal_lead"},
     {3, 2, 2, 200, true, true, true, -1, "padding_causal"},
-    {3, 2, 2, 200, true, true, false, 30, "padding_causal_lead"},
+    {3, 2, 2, 200, true, true, false, 2, "padding_causal_lead"},
     {1, 2, 2, 3, true, false, false, 1, "s3_causal"},  // shards with empty chunks
 };
 
@@ -117,7 +118,7 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     so.timing.flush_l2 = false;
     so.check = true;
     const ScopedEnv partial("FLASHATTN_RING_FP32_GRADIENTS", s.partial_gradients, "0");
-    const ScopedEnv lead("FLASHATTN_RING_LEAD_KEYS", s.lead_keys >= 0, std::to_string(s.lead_keys));
+    const ScopedEnv lead("FLASHATTN_RING_LEAD_UNITS", s.lead_units >= 0, std::to_string(s.lead_units));
     Session session(std::move(in), so);
     const RunRecord r = session.run(*c.entry);
     ASSERT_TRUE(r.ring.has_value());
@@ -129,8 +130,8 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     for (const RingRecord::VsOneGpu& d : r.ring->vs_one_gpu)
       EXPECT_TRUE(d.passed) << d.name << " vs one GPU: " << d.metric << " " << d.measured << " > " << d.tolerance;
     EXPECT_GE(r.ring->max_abs_vs_one_gpu(), 0.0);
-    if (r.ring->gradients == "fp32" && s.lead_keys > 0) {  // the lead piece ran
-      EXPECT_GT(*std::max_element(r.ring->lead_keys.begin(), r.ring->lead_keys.end()), 0);
+    if (r.ring->gradients == "fp32" && s.lead_units > 0) {  // the lead piece ran
+      EXPECT_GT(*std::max_element(r.ring->lead_units.begin(), r.ring->lead_units.end()), 0);
     }
     std::printf("  [ring %s %s D%d %s] vs one GPU: %s, max abs %.3g; scaling efficiency %.3f\n", c.entry->kernel.c_str(),
                 mode_name(c.entry->mode), c.D, s.tag, r.ring->bitwise_vs_one_gpu ? "bitwise" : "differs",
