@@ -20,7 +20,9 @@
 //                 dQ piece -> shared memory; the dQ writer thread adds it into the workspace
 //               dK_j·scale, dV_j -> 16-bit -> shared memory -> TMA stores (grads_f32, a ring's
 //               blocks: fp32 straight from registers to global memory)
-//   convert     dQ = scale · accumulator, un-permuted -> dtype (grads_f32: added into fp32 dQ)
+//   convert     dQ = scale · accumulator, un-permuted -> dtype (grads_f32: added into fp32 dQ);
+//               none where the caller holds the accumulator (BwdParams::dq_accum: a ring's
+//               blocks add into one, and the entry's dq_finish converts it once at the end)
 // --deterministic: the same kernels; the CTAs adding into one Q block take turns in key-block
 // order (a counter per Q block in the workspace), so dQ is bit-identical run to run. dK and dV
 // never need it: each CTA owns its keys and sums the query heads of its group itself.
@@ -150,7 +152,7 @@ template <class Tr, class T, bool kAdd>
 __global__ void __launch_bounds__(256) convert_dq_kernel(const Args a, T* dq, Strides dq_st) {
   const int mi = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const float4* src = reinterpret_cast<const float4*>(
-      a.dq_accum + dq_chunk(a, b, h, mi, a.S_pad / Tr::kBlockM) * (Tr::kBlockM * Tr::kHeadDim));
+      a.dq_accum + dq_chunk(a, b, h, mi) * (Tr::kBlockM * Tr::kHeadDim));
   T* out = dq + b * dq_st.batch + h * dq_st.head;
   for (int q = threadIdx.x; q < Tr::kBlockM * Tr::kHeadDim / 4; q += blockDim.x) {
     const float4 x = src[q];
@@ -218,7 +220,9 @@ void launch(const BwdParams& p, const LaunchContext& ctx) {
     a.tm_dv = sm90::make_tensor_map(p.dv, p.dtype, p.dv_st, p.B, p.H_kv, p.S_k, p.D, 64);
   }
   a.S_k = p.S_k;
-  a.dq_accum = reinterpret_cast<float*>(base);
+  // dQ into the caller's accumulator (BwdParams::dq_accum) or the workspace's.
+  const bool own_accum = p.dq_accum == nullptr;
+  a.dq_accum = own_accum ? reinterpret_cast<float*>(base) : p.dq_accum;
   float* lse2 = reinterpret_cast<float*>(base + ws.accum);
   float* dsum = reinterpret_cast<float*>(base + ws.accum + ws.stats);
   a.lse2 = lse2;
@@ -228,6 +232,8 @@ void launch(const BwdParams& p, const LaunchContext& ctx) {
   a.group = p.H / p.H_kv;
   a.S_q = p.S_q;
   a.S_pad = padded_rows(p.S_q);
+  a.dq_chunks = (own_accum ? a.S_pad : p.dq_accum_rows) / Tr::kBlockM;
+  a.dq_chunk0 = own_accum ? 0 : p.dq_accum_row0 / Tr::kBlockM;
   a.scale = p.scale;
   a.scale_log2 = p.scale_log2;
   a.vis = make_visibility(p);
@@ -235,7 +241,7 @@ void launch(const BwdParams& p, const LaunchContext& ctx) {
   a.key_lo_shift = shifts.lo;
   a.key_hi_shift = shifts.hi;
 
-  CUDA_CHECK(cudaMemsetAsync(a.dq_accum, 0, ws.accum, ctx.stream));
+  if (own_accum) CUDA_CHECK(cudaMemsetAsync(a.dq_accum, 0, ws.accum, ctx.stream));
   if (p.deterministic) CUDA_CHECK(cudaMemsetAsync(a.dq_sem, 0, ws.sems, ctx.stream));
   PreArgs pre;
   pre.o = p.o, pre.dout = p.dout, pre.o_st = p.o_st, pre.do_st = p.do_st;
@@ -254,6 +260,7 @@ void launch(const BwdParams& p, const LaunchContext& ctx) {
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, ctx.stream>>>(a);
   CHECK_LAUNCH("hopper_bwd backward_kernel");
 
+  if (!own_accum) return;  // the caller's dq_finish writes it out
   const dim3 convert_grid(a.S_pad / Tr::kBlockM, p.H, p.B);
   if (p.grads_f32)
     convert_dq_kernel<Tr, float, true><<<convert_grid, 256, 0, ctx.stream>>>(a, static_cast<float*>(p.dq), p.dq_st);
@@ -266,10 +273,28 @@ void launch(const BwdParams& p, const LaunchContext& ctx) {
 using OwnHeadDims = HeadDims<64, 128>;
 using FallbackHeadDims = HeadDims<32, 96, 256>;
 
-template <bool kBf16>
+// dq_finish: a caller's accumulator (BwdParams::dq_accum, dq_accum_rows per (batch, head)) ->
+// dQ in the dtype, scaled: the convert kernel over the caller's chunks.
+template <bool kBf16, class Tr>
+void finish(const BwdParams& p, const LaunchContext& ctx) {
+  using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
+  Args a;
+  a.dq_accum = p.dq_accum;
+  a.dq_chunks = p.dq_accum_rows / Tr::kBlockM;
+  a.H = p.H, a.S_q = p.S_q, a.S_pad = p.dq_accum_rows;
+  a.scale = p.scale;
+  convert_dq_kernel<Tr, T, false><<<dim3(a.dq_chunks, p.H, p.B), 256, 0, ctx.stream>>>(a, static_cast<T*>(p.dq), p.dq_st);
+  CHECK_LAUNCH("hopper_bwd convert_dq_kernel (dq_finish)");
+}
+
+template <bool kBf16, bool kFinish = false>
 void dispatch_head_dim(const BwdParams& p, const LaunchContext& ctx) {
   OwnHeadDims::dispatch(p.D, "hopper backward", [&](auto kD) {
-    launch<kBf16, typename TraitsFor<decltype(kD)::value>::type>(p, ctx);
+    using Tr = typename TraitsFor<decltype(kD)::value>::type;
+    if constexpr (kFinish)
+      finish<kBf16, Tr>(p, ctx);
+    else
+      launch<kBf16, Tr>(p, ctx);
   });
 }
 
@@ -306,11 +331,30 @@ void run(const BwdParams& p, const LaunchContext& ctx) {
       !strides_multiple_of(p.dq_st, 8))
     throw RuntimeError("hopper backward: tensors must be 16-byte aligned with strides a multiple of 8 elements");
   if (p.lse == nullptr) throw RuntimeError("hopper backward: needs the forward's lse");
+  static_assert(kRowAlign == kDqAccumRows, "the caller's dQ accumulator rows are the workspace's");
+  if (p.dq_accum != nullptr && (!p.grads_f32 || p.dq_accum_rows % kDqAccumRows || p.dq_accum_row0 % kDqAccumRows ||
+                                p.dq_accum_row0 + padded_rows(p.S_q) > p.dq_accum_rows))
+    throw RuntimeError("hopper backward: dq_accum needs grads_f32, rows and a first row in multiples of " +
+                       std::to_string(kDqAccumRows) + " and room for S_q rows");
   if (p.workspace == nullptr || p.workspace_bytes < Workspace(p).total())
     throw RuntimeError("hopper backward: workspace smaller than its workspace function asked for");
   switch (p.dtype) {
     case DType::F16: return dispatch_head_dim<false>(p, ctx);
     case DType::BF16: return dispatch_head_dim<true>(p, ctx);
+    default: throw RuntimeError(std::string("hopper backward: no variant compiled for dtype ") + dtype_name(p.dtype));
+  }
+}
+
+void dq_finish(const BwdParams& p, const LaunchContext& ctx) {
+  if (static_cast<int64_t>(p.B) * p.H * p.S_q == 0) return;
+  if (p.dq_accum == nullptr || p.dq_accum_rows % kDqAccumRows || p.dq_accum_rows < p.S_q || !OwnHeadDims::declares(p.D))
+    throw RuntimeError("hopper backward: dq_finish needs an accumulator of whole " + std::to_string(kDqAccumRows) +
+                       "-row blocks covering S_q, at head dim 64 or 128");
+  if (!aligned16(p.dq) || !strides_multiple_of(p.dq_st, 8))
+    throw RuntimeError("hopper backward: dq must be 16-byte aligned with strides a multiple of 8 elements");
+  switch (p.dtype) {
+    case DType::F16: return dispatch_head_dim<false, true>(p, ctx);
+    case DType::BF16: return dispatch_head_dim<true, true>(p, ctx);
     default: throw RuntimeError(std::string("hopper backward: no variant compiled for dtype ") + dtype_name(p.dtype));
   }
 }
@@ -325,6 +369,7 @@ KernelMode make_entry() {
   m.bwd = &run;
   m.bwd_workspace = &workspace_bytes;
   m.fp32_gradients = &has_own_variant;
+  m.dq_finish = &dq_finish;
   return m;
 }
 

@@ -57,6 +57,7 @@ std::string list_kernels(bool as_json) {
                      {"deterministic_path", e->has_deterministic_path},
                      {"partial_outputs", e->partial_outputs},
                      {"fp32_gradients", e->fp32_gradients != nullptr},
+                     {"dq_accumulator", e->dq_finish != nullptr},
                      {"compiled_archs", e->compiled_archs}});
     }
     return arr.dump(2) + "\n";

@@ -115,7 +115,8 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
   // fp32 gradients: no dQ partials, fp32 dK/dV partials.
   const size_t dq_part_elems = f32_grads ? 0 : q_elems(q_rows), part_es = f32_grads ? 4 : e;
   if (backward)
-    need += q_elems(len) * (4 + e) + B * H * d.shard.len_b * 4 + 2 * (dq_part_elems * e + 2 * kv_elems(k_rows) * part_es) +
+    need += q_elems(dq_rows(len)) * 4 + q_elems(len) * e + B * H * d.shard.len_b * 4 +
+            2 * (dq_part_elems * e + 2 * kv_elems(k_rows) * part_es) +
             2 * size_t(2 * kv_elems(max_kv)) * 4 + 2 * kv_elems(len) * e;
   if (d.lead_units > 0) need += 2 * kv_elems(len) * 4;  // dkv_own
   use(d);
@@ -143,7 +144,7 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
   if (backward) {
     d.dout = upload_array(shard_rows(*in.dout, dims().H, d.shard));
     d.lse_b = DeviceBuffer(B * H * d.shard.len_b * 4);
-    d.dq_acc = DeviceBuffer(q_elems(len) * 4);
+    d.dq_acc = DeviceBuffer(q_elems(dq_rows(len)) * 4);
     for (int i = 0; i < 2; ++i) {
       d.dq_part[i] = DeviceBuffer(dq_part_elems * e);
       d.dkv_part[i] = DeviceBuffer(2 * kv_elems(k_rows) * part_es);
@@ -327,6 +328,15 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
     if (end == lead_env || *end != '\0' || v < 0 || v > (1 << 30))
       throw RuntimeError(std::string("FLASHATTN_RING_LEAD_UNITS: expected a number of units >= 0, got '") + lead_env + "'");
     lead_set = int(v);
+  }
+  // dQ in the kernel's own layout (ring_impl.h), where every block starts on a whole row block.
+  s.dq_accum = s.f32_grads && e.dq_finish != nullptr;
+  for (const Impl::Dev& d : s.devs)
+    for (const Impl::Block& blk : d.blocks) s.dq_accum = s.dq_accum && blk.call.q_row0 % kDqAccumRows == 0;
+  if (const char* v = std::getenv("FLASHATTN_RING_DQ_ACCUM")) {
+    if (std::string(v) != "0" && std::string(v) != "1")
+      throw RuntimeError(std::string("FLASHATTN_RING_DQ_ACCUM: expected 0 or 1, got '") + v + "'");
+    s.dq_accum = s.dq_accum && std::string(v) == "1";
   }
   const Dims& dm = s.dims();
   for (Impl::Dev& d : s.devs) {

@@ -121,6 +121,7 @@ inline void ring_block_slice(const RingUnits& u, const Problem& prob, BwdParams*
   p->dk = out(p->dk, first(p->dk_st, u.g0), gs);
   p->dv = out(p->dv, first(p->dv_st, u.g0), gs);
   p->lse = static_cast<float*>(p->lse) + (int64_t(u.b0) * p->H + h0) * p->S_q;
+  if (p->dq_accum) p->dq_accum += (int64_t(u.b0) * p->H + h0) * p->dq_accum_rows * p->D;  // [B, H, rows, D]
   if (p->seqlens_k) p->seqlens_k += u.b0;
   p->B = u.nb, p->H_kv = u.ng, p->H = u.ng * group;
 }

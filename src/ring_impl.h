@@ -102,6 +102,12 @@ struct Ring::Impl {
   // steps' into fp32 partials; no 16-bit partials, no dQ passes. FLASHATTN_RING_FP32_GRADIENTS=0
   // turns it off (the ablation).
   bool f32_grads = false;
+  // ... and adds dQ into dq_acc in its own layout (KernelMode::dq_finish; BwdParams::dq_accum):
+  // no dQ pass per block, one at the end. Where every block's first row is a multiple of
+  // kDqAccumRows (the zig-zag's second chunk starts at the chunk length); FLASHATTN_RING_DQ_ACCUM=0
+  // turns it off (the ablation).
+  bool dq_accum = false;
+  int dq_rows(int len) const { return dq_accum ? (len + kDqAccumRows - 1) / kDqAccumRows * kDqAccumRows : len; }
   cudaEvent_t start = nullptr;  // on rank 0
   size_t bytes_held = 0;
 
@@ -184,6 +190,11 @@ struct Ring::Impl {
       float* dkv = static_cast<float*>(into_acc ? d.acc[0].get() : (pieces ? d.dkv_own : d.dkv_part[part]).get());
       ring_block_grads_f32(prob, d.shard.len(), shard_len(src_of(d.rank, s)), block_of(d, s).call,
                            static_cast<float*>(d.dq_acc.get()), dkv, into_acc || pieces, &p);
+      if (dq_accum) {
+        p.dq_accum = static_cast<float*>(d.dq_acc.get());
+        p.dq_accum_rows = dq_rows(d.shard.len());
+        p.dq_accum_row0 = block_of(d, s).call.q_row0;
+      }
       ring_block_slice(block_of(d, s).units, prob, &p);
     }
     return p;

@@ -81,7 +81,7 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
     for (cudaStream_t st : {d.compute, d.comm, d.merge}) CUDA_CHECK(cudaStreamWaitEvent(st, start, 0));
     if (tl) CUDA_CHECK(cudaEventRecord(tl->begin[d.rank], d.compute));
     if (backward) {  // on the compute stream: the kernels may add or store into them
-      ring_fill(static_cast<float*>(d.dq_acc.get()), 0.f, q_elems(d.shard.len()), d.compute);
+      ring_fill(static_cast<float*>(d.dq_acc.get()), 0.f, q_elems(dq_rows(d.shard.len())), d.compute);
       ring_fill(static_cast<float*>(d.acc[0].get()), 0.f, 2 * kv_elems(max_len()), d.compute);
     }
   }
@@ -136,7 +136,18 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
     if (tl) CUDA_CHECK(cudaEventRecord(tl->compute_end[d.rank], d.compute));
     const int len = d.shard.len();
     if (backward) {  // the last step's block was the own one: its accumulator is complete here
-      ring_round(prob.dtype, static_cast<const float*>(d.dq_acc.get()), d.dq.get(), q_elems(len), d.merge);
+      if (dq_accum && len > 0) {  // the kernel's layout: its own pass writes it out
+        BwdParams fin;
+        fin.dtype = prob.dtype, fin.B = dims().B, fin.H = dims().H, fin.S_q = len, fin.D = dims().D;
+        fin.scale = forward_params(prob).scale;
+        fin.dq = d.dq.get(), fin.dq_st = ring_packed(dims().H, len, dims().D);
+        fin.dq_accum = static_cast<float*>(d.dq_acc.get()), fin.dq_accum_rows = dq_rows(len);
+        LaunchContext on_merge = d.ctx;
+        on_merge.stream = d.merge;
+        entry->dq_finish(fin, on_merge);
+      } else {
+        ring_round(prob.dtype, static_cast<const float*>(d.dq_acc.get()), d.dq.get(), q_elems(len), d.merge);
+      }
       const float* acc = static_cast<const float*>(d.acc[(n() - 1) & 1].get());
       if (f32_grads && !d.blocks[d.rank].call.skip)  // plus the own block's fp32 dK/dV (all its keys)
         ring_add_round(prob.dtype,

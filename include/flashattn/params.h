@@ -83,7 +83,16 @@ struct BwdParams : FwdParams {
   // dk and dv are float32 with their strides in floats; dK and dV are stored unrounded, dQ is
   // added into what dq already holds.
   bool grads_f32 = false;
+  // With grads_f32, for a kernel whose entry has dq_finish: dQ is added, unscaled, into the
+  // caller's accumulator in the kernel's own layout instead of into dq (which is then unused):
+  // dq_accum holds, per (batch, head), dq_accum_rows rows, and the call's query row 0 is its row
+  // dq_accum_row0 (both multiples of kDqAccumRows; row0 + S_q rounded up to kDqAccumRows fits).
+  // The caller zeroes it once; the entry's dq_finish writes the sum out.
+  float* dq_accum = nullptr;
+  int dq_accum_rows = 0, dq_accum_row0 = 0;
 };
+
+constexpr int kDqAccumRows = 128;
 
 // Decode: one step of autoregressive attention against a KV cache (data/README.md, "Decode").
 // Batch element b holds cache_seqlens[b] tokens. The step appends S_new tokens (k_new, v_new) at

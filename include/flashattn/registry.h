@@ -81,6 +81,11 @@ struct KernelMode {
   // then keeps dQ and dK/dV in fp32 from the kernel on, without 16-bit partials and the passes
   // that add them up.
   bool (*fp32_gradients)(const BwdParams&) = nullptr;
+  // With fp32_gradients: the backward also adds dQ into a caller's accumulator in its own layout
+  // (BwdParams::dq_accum; no pass per call), and this writes such an accumulator out: p.dq_accum
+  // over p.dq_accum_rows rows per (batch, head) -> p.dq (p.dtype at p.dq_st, scaled by p.scale),
+  // rows below p.S_q, on ctx.stream. Null: not offered.
+  BwdFn dq_finish = nullptr;
   // Head dims (within head_dims) the kernel hands to another registered kernel, which --list and
   // the run's notes name: the kernel has no variant of its own for them.
   std::vector<int> fallback_head_dims;

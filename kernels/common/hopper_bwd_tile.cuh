@@ -81,9 +81,11 @@ struct Args {
   CUtensorMap tm_dk, tm_dv;  // (D, S_k, H_kv, B), boxes of (64, 64): one warpgroup's keys
   const float* lse2 = nullptr;  // [B, H, S_pad]: lse·log2 e, +inf for empty rows and rows >= S_q
   const float* dsum = nullptr;  // [B, H, S_pad]: D_i = rowsum(dO ∘ O), 0 for rows >= S_q
-  // [B, H, S_pad / kBlockM] chunks of kBlockM x D fp32 (dq_chunk) in the consumers' register order
-  // (Consumer::store_dq); zeroed by the launch.
+  // [B, H, dq_chunks] chunks of kBlockM x D fp32 (dq_chunk) in the consumers' register order
+  // (Consumer::store_dq), Q block mi at chunk dq_chunk0 + mi of its (batch, head): the workspace's
+  // (dq_chunks = S_pad / kBlockM, zeroed by the launch), or the caller's (BwdParams::dq_accum).
   float* dq_accum = nullptr;
+  int dq_chunks = 0, dq_chunk0 = 0;
   // --deterministic: [B, H, S_pad / kBlockM] counters (zeroed by the launch), null otherwise.
   int* dq_sem = nullptr;
   // BwdParams::grads_f32: dK and dV stored by the consumers in fp32 at these strides (floats),
@@ -155,13 +157,16 @@ struct Smem {
 };
 
 // Places in the workspace for (batch b, query head h): the first of its S_pad rows of lse·log2 e
-// and D_i, and the index of Q block mi's dQ chunk (and its deterministic counter).
+// and D_i; Q block mi's deterministic counter (chunks = S_pad / kBlockM, the Q blocks per (batch,
+// head)); and the index of its dQ chunk in the accumulator.
 __device__ __forceinline__ int64_t stats_row(const Args& a, int b, int h) {
   return (static_cast<int64_t>(b) * a.H + h) * a.S_pad;
 }
-// chunks = S_pad / kBlockM, the Q blocks per (batch, head).
-__device__ __forceinline__ int64_t dq_chunk(const Args& a, int b, int h, int mi, int chunks) {
+__device__ __forceinline__ int64_t q_block_index(const Args& a, int b, int h, int mi, int chunks) {
   return (static_cast<int64_t>(b) * a.H + h) * chunks + mi;
+}
+__device__ __forceinline__ int64_t dq_chunk(const Args& a, int b, int h, int mi) {
+  return (static_cast<int64_t>(b) * a.H + h) * a.dq_chunks + a.dq_chunk0 + mi;
 }
 
 // The producer: one thread issues every copy. K and V once; then per step Q with lse·log2 e and
@@ -206,10 +211,10 @@ __device__ __forceinline__ void write_dq(const Args& a, const Smem<Tr>& sm, cons
   const int chunks = a.S_pad / Tr::kBlockM;
   for (int t = 0; t < st.total; ++t) {
     const int h = st.kv_head * a.group + st.head(t), mi = st.m_block(t);
-    const int64_t chunk = dq_chunk(a, st.b, h, mi, chunks);
+    const int64_t chunk = dq_chunk(a, st.b, h, mi);
     const int slot = sm.dq_slot(t);
     sm90::mbar_wait(sm.dq_full(slot), sm.dq_parity(t));
-    int* sem = a.dq_sem != nullptr ? a.dq_sem + chunk : nullptr;
+    int* sem = a.dq_sem != nullptr ? a.dq_sem + q_block_index(a, st.b, h, mi, chunks) : nullptr;
     if (sem != nullptr) {
       // Key blocks that add into Q block mi, in order: this CTA's rank among them.
       const int m0 = mi * Tr::kBlockM, m_last = min(m0 + Tr::kBlockM, a.S_q) - 1;

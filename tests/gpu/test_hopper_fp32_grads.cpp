@@ -2,7 +2,10 @@
 // one GPU: the same launch, dQ added into an fp32 buffer that already holds a known value, dK and
 // dV stored in fp32. Both runs take the deterministic path, so they sum the same fp32 terms in the
 // same order: each fp32 gradient must round to the 16-bit one (half an ulp), at every element,
-// for D 64 and 128, causal and not, GQA and a length no tile divides. Skipped without an sm_90 GPU.
+// for D 64 and 128, causal and not, GQA and a length no tile divides. And dQ added into a caller's
+// accumulator in the kernel's layout (BwdParams::dq_accum, at a row offset) and written out by
+// the entry's dq_finish: bit for bit the 16-bit path's dQ, the accumulator's other rows untouched.
+// Skipped without an sm_90 GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -121,6 +124,29 @@ TEST_P(HopperFp32Gradients, RoundToTheDtypePath) {
   expect_rounds_to(download_f32(dq32, nq), base, download_bf16(dq, nq), "dQ");
   expect_rounds_to(download_f32(dk32, nk), 0.f, download_bf16(dk, nk), "dK");
   expect_rounds_to(download_f32(dv32, nk), 0.f, download_bf16(dv, nk), "dV");
+
+  // The caller's accumulator: rows [row0, row0 + S_q rounded up) of `rows` per (batch, head).
+  ASSERT_NE(bwd->dq_finish, nullptr);
+  const int row0 = kDqAccumRows, rows = row0 + (d.S_q + kDqAccumRows - 1) / kDqAccumRows * kDqAccumRows + kDqAccumRows;
+  const int64_t n_acc = int64_t(d.B) * d.H * rows * d.D;
+  DeviceBuffer acc(n_acc * 4), dq_fin(nq * 2);
+  CUDA_CHECK(cudaMemset(acc.get(), 0, n_acc * 4));
+  CUDA_CHECK(cudaMemset(dq_fin.get(), 0xff, nq * 2));
+  b.dq_accum = static_cast<float*>(acc.get()), b.dq_accum_rows = rows, b.dq_accum_row0 = row0;
+  bwd->bwd(b, ctx);
+  BwdParams fin = b;
+  fin.dq_accum = static_cast<float*>(acc.get()) + int64_t(row0) * d.D;  // the call's rows start there
+  fin.dq = dq_fin.get();
+  bwd->dq_finish(fin, ctx);
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  const std::vector<float> want = download_bf16(dq, nq), got = download_bf16(dq_fin, nq), a = download_f32(acc, n_acc);
+  for (int64_t i = 0; i < nq; ++i) ASSERT_EQ(got[i], want[i]) << "dQ from the caller's accumulator, element " << i;
+  for (int64_t bh = 0; bh < int64_t(d.B) * d.H; ++bh)
+    for (int r = 0; r < rows; ++r) {
+      if (r >= row0 && r < row0 + d.S_q) continue;
+      for (int x = 0; x < d.D; ++x)
+        ASSERT_EQ(a[(bh * rows + r) * d.D + x], 0.f) << "accumulator row " << r << " of (batch, head) " << bh;
+    }
   CUDA_CHECK(cudaStreamDestroy(stream));
 }
 

@@ -41,6 +41,10 @@ const RingShape kShapes[] = {
     {3, 2, 2, 200, true, true, true, -1, "padding_causal"},
     {3, 2, 2, 200, true, true, false, 2, "padding_causal_lead"},
     {1, 2, 2, 3, true, false, false, 1, "s3_causal"},  // shards with empty chunks
+    // Chunks of whole 128-row blocks: dQ in the kernel's own layout where it offers one.
+    {1, 4, 4, 1024, true, false, false, -1, "s1024_causal"},
+    {1, 4, 4, 1024, true, false, false, 2, "s1024_causal_lead"},
+    {2, 4, 2, 512, false, false, false, 2, "gqa4_2_s512_lead"},
 };
 
 // An environment variable set for one shape (unset again however the shape ends).
