@@ -17,10 +17,10 @@ The model, per mode (forward, backward) and mask (causal or not):
     half) per head, while the next K/V shard (2 * B * H_kv * S/N * D * 2 bytes) crosses one link
     at --link-gbps, after --latency-us; the step takes the longer of the two. The forward adds one
     pass over the fp32 running O per step (merge) at the device's memory bandwidth. The backward
-    takes the own shard last: its first shard's transfer is exposed (the lead piece that
-    flashattn runs under it is not modelled: the inputs' rings hold what it gained), and each
-    step after the first also carries the previous step's fp32 dK/dV accumulator (twice the K/V
-    bytes, in fp32) over the same link; no hop follows the last step.
+    computes the other shards' blocks first, each step after the first also carrying the previous
+    step's fp32 dK/dV accumulator (twice the K/V bytes, in fp32) over the same link, and its own
+    block beside them on a second stream from the start: the own block fills the wait for the
+    first shard, and what is left of it covers the last accumulator's hop home.
   * Scaling efficiency = T(1 GPU, S) / (N * T(ring of N, S)); per-GPU TFLOP/s = FLOPs / N / T.
 
 Where the inputs hold ring runs of N = 2, the model's prediction for those points is printed next
@@ -140,15 +140,17 @@ def predict(rate, mode, causal, N, S, B, H, H_kv, D, dtype, link_gbps, latency_u
         if step_rate is None:  # merge: the block's O (dtype) and the fp32 running O read, written back
             t += N * B * H * L * D * (es + 8) / (dram_gbps * 1e9)
     else:
-        # The own shard last: the first shard's transfer has nothing to overlap; step s fetches the
-        # K/V of step s + 1 (none for the last, the own shard) and carries the accumulator of step
-        # s - 1 to its next rank, both on the one link; no hop after the last step.
+        # The other shards' steps s = 0 .. N-2: step s fetches the K/V of step s + 1 (none for the
+        # last of them) and carries the accumulator of step s - 1 to its next rank, both on the
+        # one link. The own block runs while the first shard travels, and its rest while the last
+        # accumulator goes home (or it ended in the first wait, and that hop is exposed).
         acc_bytes = 2.0 * B * H_kv * L * D * 4
         t_acc = acc_bytes / (link_gbps * 1e9) + latency_us * 1e-6
         t = t_kv
-        for s in range(N):
+        for s in range(N - 1):
             link = (t_kv if s + 1 < N - 1 else 0.0) + (t_acc if s >= 1 else 0.0)
             t += max(t_step, link)
+        t += max(t_step - t_kv, t_acc if N > 1 else 0.0)
     P_one = B * H * (S * (S + 1) / 2 if causal else float(S) * S)
     t_one = flops(mode, B, H, D, P_one / (B * H)) / (rate(P_one) * 1e12)
     total = flops(mode, B, H, D, P_one / (B * H))

@@ -183,6 +183,7 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
                  {"devices", g.devices},
                  {"sharding", "zig-zag"},
                  {"gradients", g.gradients.empty() ? json(nullptr) : json(g.gradients)},
+                 {"side_stream", g.side_stream},
                  {"per_gpu", per_gpu},
                  {"profiled_ms", num(g.profiled_ms)},
                  {"exposed_comm_ms", num(g.exposed_comm_ms)},

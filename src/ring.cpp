@@ -110,7 +110,8 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     d.ws_bytes = std::max(d.ws_bytes, entry->bwd_workspace(block_bwd_params(d, -1, 0)));
   // Q, dO, the own K/V and two receive buffers, the workspace; the forward's running result,
   // two partial results and O; the backward's accumulators, two partial gradients, outputs.
-  size_t need = 2 * q_elems(len) * e + 3 * size_t(2 * kv_elems(max_kv)) * e + d.ws_bytes;
+  const size_t ws_side = side_fwd || (backward && side_bwd) ? d.ws_bytes : 0;
+  size_t need = 2 * q_elems(len) * e + 3 * size_t(2 * kv_elems(max_kv)) * e + d.ws_bytes + ws_side;
   need += q_elems(len) * (4 + e) + B * H * len * 4 + 2 * (q_elems(q_rows) * e + B * H * q_rows * 4);
   // fp32 gradients: no dQ partials, fp32 dK/dV partials.
   const size_t dq_part_elems = f32_grads ? 0 : q_elems(q_rows), part_es = f32_grads ? 4 : e;
@@ -118,7 +119,7 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     need += q_elems(dq_rows(len)) * 4 + q_elems(len) * e + B * H * d.shard.len_b * 4 +
             2 * (dq_part_elems * e + 2 * kv_elems(k_rows) * part_es) +
             2 * size_t(2 * kv_elems(max_kv)) * 4 + 2 * kv_elems(len) * e;
-  if (d.lead_units > 0) need += 2 * kv_elems(len) * 4;  // dkv_own
+  if (backward && own_apart(d)) need += 2 * kv_elems(len) * 4;  // dkv_own
   use(d);
   require_device_memory(entry->kernel + " (ring rank " + std::to_string(d.rank) + ")", need, d.id);
   bytes_held = std::max(bytes_held, need);
@@ -141,6 +142,8 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
   d.o = DeviceBuffer(q_elems(len) * e);
   d.ws = DeviceBuffer(d.ws_bytes);
   if (d.ws_bytes) CUDA_CHECK(cudaMemset(d.ws.get(), 0xFF, d.ws_bytes));  // undefined to the kernel
+  d.ws_side = DeviceBuffer(ws_side);
+  if (ws_side) CUDA_CHECK(cudaMemset(d.ws_side.get(), 0xFF, ws_side));
   if (backward) {
     d.dout = upload_array(shard_rows(*in.dout, dims().H, d.shard));
     d.lse_b = DeviceBuffer(B * H * d.shard.len_b * 4);
@@ -152,7 +155,7 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     }
     d.dq = DeviceBuffer(q_elems(len) * e);
     d.dkv = DeviceBuffer(2 * kv_elems(len) * e);
-    if (d.lead_units > 0) d.dkv_own = DeviceBuffer(2 * kv_elems(len) * 4);
+    if (own_apart(d)) d.dkv_own = DeviceBuffer(2 * kv_elems(len) * 4);
   }
   const int32_t* seqlens = in.seqlens_k ? in.seqlens_k->data<int32_t>() : nullptr;
   auto local_lengths = [&](Block& blk, int src) {
@@ -211,17 +214,23 @@ void Ring::Impl::init_dev(Dev& d, int id, int rank, ncclComm_t comm, bool flushe
   d.nccl = comm;
   use(d);
   d.info = query_device(d.id);
-  CUDA_CHECK(cudaStreamCreateWithFlags(&d.compute, cudaStreamNonBlocking));
   // The transfers' and the merges' streams at the highest priority: NCCL's kernels and the merge
   // passes need SMs while a block's kernel fills them all; at a higher priority their CTAs go first
   // as soon as any SM frees, so a transfer or merge enqueued while a block computes (the
-  // backward's accumulators) is not held until the block's last CTA has been issued.
+  // backward's accumulators) is not held until the block's last CTA has been issued. The side
+  // stream's blocks (ring_impl.h) at the lowest, compute's one above it where the range allows
+  // (numerically lower is higher; one level more than the default where the GPU has them).
   int lowest = 0, highest = 0;
   CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
+  const int kernels = lowest - highest >= 2 ? lowest - 1 : lowest;
+  CUDA_CHECK(cudaStreamCreateWithPriority(&d.compute, cudaStreamNonBlocking, kernels));
+  CUDA_CHECK(cudaStreamCreateWithPriority(&d.side, cudaStreamNonBlocking, lowest));
   CUDA_CHECK(cudaStreamCreateWithPriority(&d.comm, cudaStreamNonBlocking, highest));
   CUDA_CHECK(cudaStreamCreateWithPriority(&d.merge, cudaStreamNonBlocking, highest));
   d.ctx = gpu_launch_context(*d.info, d.id, d.compute);
   d.ctx.shares_device = true;  // the blocks' kernels run beside the transfers and merges
+  d.ctx_side = d.ctx;
+  d.ctx_side.stream = d.side;
   if (flusher) d.flusher = std::make_unique<L2Flusher>(d.info->l2_bytes);
   for (int i = 0; i < world; ++i) {
     d.computed.push_back(make_event(false));
@@ -229,6 +238,7 @@ void Ring::Impl::init_dev(Dev& d, int id, int rank, ncclComm_t comm, bool flushe
     d.kv_arrived.push_back(make_event(false));
     d.acc_arrived.push_back(make_event(false));
   }
+  d.zeroed = make_event(false);
   d.done = make_event(false);
 }
 
@@ -268,7 +278,7 @@ Ring::~Ring() {
   Impl& s = *impl_;
   for (Impl::Dev& d : s.devs) {
     cudaSetDevice(d.id);
-    for (cudaStream_t st : {d.compute, d.comm, d.merge})
+    for (cudaStream_t st : {d.compute, d.comm, d.merge, d.side})
       if (st) cudaStreamSynchronize(st);
   }
   for (Impl::Dev& d : s.devs)
@@ -277,8 +287,9 @@ Ring::~Ring() {
     cudaSetDevice(d.id);
     for (auto* v : {&d.computed, &d.merged, &d.kv_arrived, &d.acc_arrived})
       for (cudaEvent_t e : *v) cudaEventDestroy(e);
-    if (d.done) cudaEventDestroy(d.done);
-    for (cudaStream_t st : {d.compute, d.comm, d.merge})
+    for (cudaEvent_t e : {d.zeroed, d.done})
+      if (e) cudaEventDestroy(e);
+    for (cudaStream_t st : {d.compute, d.comm, d.merge, d.side})
       if (st) cudaStreamDestroy(st);
     d = Impl::Dev{};  // the buffers and the flusher go while their device is current
   }
@@ -294,6 +305,7 @@ std::vector<int> Ring::lead_units() const {
   for (const Impl::Dev& d : impl_->devs) v.push_back(d.lead_units);
   return v;
 }
+bool Ring::side_stream() const { return impl_->side(); }
 const std::vector<int>& Ring::devices() const { return impl_->ids; }
 
 void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic) {
@@ -338,11 +350,19 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
       throw RuntimeError(std::string("FLASHATTN_RING_DQ_ACCUM: expected 0 or 1, got '") + v + "'");
     s.dq_accum = s.dq_accum && std::string(v) == "1";
   }
+  // The own block beside the others on a second kernels' stream (ring_impl.h).
+  s.side_fwd = s.n() > 1;
+  if (const char* v = std::getenv("FLASHATTN_RING_SIDE_STREAM")) {
+    if (std::string(v) != "0" && std::string(v) != "1")
+      throw RuntimeError(std::string("FLASHATTN_RING_SIDE_STREAM: expected 0 or 1, got '") + v + "'");
+    s.side_fwd = s.side_fwd && std::string(v) == "1";
+  }
+  s.side_bwd = s.backward && s.side_fwd && s.dq_accum && !deterministic;
   const Dims& dm = s.dims();
   for (Impl::Dev& d : s.devs) {
     const RingCall& own = d.blocks[d.rank].call;
     d.lead_units = 0;
-    if (s.backward && s.f32_grads && !own.skip) {
+    if (s.backward && s.f32_grads && !s.side_bwd && !own.skip) {  // beside the others it needs none
       if (lead_set >= 0) {  // within the rule's shape: under half the units, whole batches where B > 1
         const int u = std::min(lead_set, dm.B * dm.H_kv / 2);
         d.lead_units = dm.B > 1 ? u / dm.H_kv * dm.H_kv : u;

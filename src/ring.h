@@ -76,6 +76,8 @@ class Ring {
   // After prepare: per GPU this process drives, the (batch, kv head) units of the backward's
   // own-block lead piece (ring_plan.h; 0: none).
   std::vector<int> lead_units() const;
+  // After prepare: whether the own block runs beside the others on a second kernels' stream.
+  bool side_stream() const;
 
   // Uploads the shards of `in` (host inputs in the problem's layout) for kernel `e` (its forward
   // or backward entry) and allocates every buffer; a backward also runs the ring forward once

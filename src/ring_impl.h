@@ -59,11 +59,13 @@ struct Ring::Impl {
   struct Dev {
     int id = -1, rank = 0;
     // compute: the kernels; comm: NCCL; merge: the element-wise work around them (merges,
-    // accumulations), off the kernels' stream so it runs under the next block.
-    cudaStream_t compute = nullptr, comm = nullptr, merge = nullptr;
+    // accumulations), off the kernels' stream so it runs under the next block; side: the
+    // blocks that run beside the others' stream (Impl::side(): the own block of the backward,
+    // the remote ones of the forward), one priority below compute.
+    cudaStream_t compute = nullptr, comm = nullptr, merge = nullptr, side = nullptr;
     ncclComm_t nccl = nullptr;
     std::optional<DeviceInfo> info;
-    LaunchContext ctx;
+    LaunchContext ctx, ctx_side;  // on compute, on side
     std::unique_ptr<L2Flusher> flusher;  // ranks > 0 (rank 0's is the caller's timer)
     RingShard shard;
     std::vector<Block> blocks;  // by source rank
@@ -82,11 +84,12 @@ struct Ring::Impl {
     int lead_units = 0;
     Block lead, rest;
     DeviceBuffer dkv_own;
-    DeviceBuffer ws;
+    DeviceBuffer ws, ws_side;  // the kernels' workspaces: compute's, side's (two kernels at once)
     size_t ws_bytes = 0;
     // Per step: its block computed, merged (or accumulated), its K/V arrived, its dK/dV
     // accumulators sent on (and the next step's arrived).
     std::vector<cudaEvent_t> computed, merged, kv_arrived, acc_arrived;
+    cudaEvent_t zeroed = nullptr;  // the backward's accumulators zeroed (on compute)
     cudaEvent_t done = nullptr;
   };
 
@@ -108,6 +111,22 @@ struct Ring::Impl {
   // turns it off (the ablation).
   bool dq_accum = false;
   int dq_rows(int len) const { return dq_accum ? (len + kDqAccumRows - 1) / kDqAccumRows * kDqAccumRows : len; }
+  // Two kernel streams: the own block on one, the others' blocks on the other, so neither waits
+  // for the other's last CTAs (a kernel's last wave leaves SMs idle that the other's CTAs take)
+  // and the backward's own block fills the wait for the first K/V shard (no lead piece). The
+  // stream that must finish first is the higher priority: its pending CTAs go first, the other
+  // takes what SMs it leaves. Forward: the own block (step 0, compute) ahead of the others
+  // (side), whose merges follow it. Backward: the others (compute, each accumulator sent on as
+  // soon as its block ends) ahead of the own block (side), the last to finish, where the own
+  // dK/dV need no transfer. Both kernels run at once, so each has its own workspace; the
+  // backward needs dQ added atomically into one accumulator (dq_accum: the copy engine's
+  // reductions) and not --deterministic. FLASHATTN_RING_SIDE_STREAM=0 turns it off (the ablation).
+  bool side_fwd = false, side_bwd = false;
+  bool side() const { return backward ? side_bwd : side_fwd; }
+  bool on_side(int s) const { return side() && (backward ? own_step(s) && s >= 0 : !own_step(s)); }
+  cudaStream_t stream_of(const Dev& d, int s) const { return on_side(s) ? d.side : d.compute; }
+  // The backward's own block stores its fp32 dK/dV into dkv_own: in pieces, or beside the others.
+  bool own_apart(const Dev& d) const { return d.lead_units > 0 || (backward && side_bwd); }
   cudaEvent_t start = nullptr;  // on rank 0
   size_t bytes_held = 0;
 
@@ -159,7 +178,7 @@ struct Ring::Impl {
     b.o_part = d.o_part[part].get();
     b.lse_part = d.lse_part[part].get();
     b.seqlens = static_cast<const int32_t*>(blk.seqlens.get());
-    b.workspace = d.ws.get();
+    b.workspace = (on_side(s) ? d.ws_side : d.ws).get();
     b.workspace_bytes = d.ws_bytes;
     b.o = d.o.get();
     b.lse = c.q_row0 == 0 ? d.lse.get() : d.lse_b.get();  // the block's rows, contiguous
@@ -186,7 +205,7 @@ struct Ring::Impl {
     if (f32_grads) {
       // Step 0's block starts the accumulator of its keys (the own shard comes last: never step
       // 0); the own block's pieces store into the buffer they share.
-      const bool into_acc = s == 0 && !own_step(s), pieces = own_step(s) && d.lead_units > 0;
+      const bool into_acc = s == 0 && !own_step(s), pieces = own_step(s) && own_apart(d);
       float* dkv = static_cast<float*>(into_acc ? d.acc[0].get() : (pieces ? d.dkv_own : d.dkv_part[part]).get());
       ring_block_grads_f32(prob, d.shard.len(), shard_len(src_of(d.rank, s)), block_of(d, s).call,
                            static_cast<float*>(d.dq_acc.get()), dkv, into_acc || pieces, &p);
@@ -206,8 +225,9 @@ struct Ring::Impl {
   struct Timeline {  // profile(): timing events, per device
     std::vector<cudaEvent_t> begin, end;
     std::vector<cudaEvent_t> compute_end;                     // after the last block
+    std::vector<cudaEvent_t> own_end;                         // after the own block (side() only)
     std::vector<std::vector<cudaEvent_t>> wait_in, wait_out;  // waits for a transfer
-    std::vector<std::vector<char>> wait_on_compute;           // ... on the compute stream (else merge)
+    std::vector<std::vector<char>> wait_on_kernels;           // ... on a kernels' stream (else merge)
     std::vector<std::vector<cudaEvent_t>> comm_in, comm_out;  // around each transfer
     std::vector<std::vector<double>> comm_bytes;              // received by each transfer
   };

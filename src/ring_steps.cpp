@@ -68,7 +68,7 @@ void Ring::Impl::wait_for(Dev& d, cudaStream_t stream, cudaEvent_t e, Timeline* 
   if (tl) {
     tl->wait_out[d.rank].push_back(make_event(true));
     CUDA_CHECK(cudaEventRecord(tl->wait_out[d.rank].back(), stream));
-    tl->wait_on_compute[d.rank].push_back(stream == d.compute);
+    tl->wait_on_kernels[d.rank].push_back(stream == d.compute || stream == d.side);
   }
 }
 
@@ -78,20 +78,41 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
   for (Dev& d : devs) {
     use(d);
     if (flush && d.flusher) d.flusher->flush(d.compute);  // while rank 0 flushes before `start`
-    for (cudaStream_t st : {d.compute, d.comm, d.merge}) CUDA_CHECK(cudaStreamWaitEvent(st, start, 0));
+    for (cudaStream_t st : {d.compute, d.comm, d.merge, d.side}) CUDA_CHECK(cudaStreamWaitEvent(st, start, 0));
     if (tl) CUDA_CHECK(cudaEventRecord(tl->begin[d.rank], d.compute));
     if (backward) {  // on the compute stream: the kernels may add or store into them
       ring_fill(static_cast<float*>(d.dq_acc.get()), 0.f, q_elems(dq_rows(d.shard.len())), d.compute);
       ring_fill(static_cast<float*>(d.acc[0].get()), 0.f, 2 * kv_elems(max_len()), d.compute);
+      CUDA_CHECK(cudaEventRecord(d.zeroed, d.compute));
+      CUDA_CHECK(cudaStreamWaitEvent(d.side, d.zeroed, 0));
     }
   }
   fetch_kv(0, tl);  // the backward's first shard
-  if (backward) {    // ... under the own block's lead piece, where it has one
-    NvtxRange range("ring lead piece");
+  // Step s's block on its stream (stream_of), once its K/V has arrived and its partial buffers
+  // were merged from (at step s - 2).
+  auto compute_step = [&](Dev& d, int s) {
+    const cudaStream_t stream = stream_of(d, s);
+    if (!own_step(s)) wait_for(d, stream, d.kv_arrived[s], tl);
+    const bool uses_parts = !(backward && own_step(s) && own_apart(d));  // else dkv_own, dq_acc
+    if (s >= 2 && uses_parts) CUDA_CHECK(cudaStreamWaitEvent(stream, d.merged[s - 2], 0));
+    if (!block_of(d, s).call.skip) {
+      const LaunchContext& ctx = stream == d.side ? d.ctx_side : d.ctx;
+      if (backward)
+        entry->bwd(block_bwd_params(d, s, s & 1), ctx);
+      else
+        entry->fwd(block_params(d, s, s & 1), ctx);
+    }
+    CUDA_CHECK(cudaEventRecord(d.computed[s], stream));
+    if (tl && side() && own_step(s)) CUDA_CHECK(cudaEventRecord(tl->own_end[d.rank], stream));
+  };
+  if (backward) {  // the own block beside the others from the start, or its lead piece, if any
+    NvtxRange range(side() ? "ring own block" : "ring lead piece");
     for (Dev& d : devs) {
-      if (d.lead_units <= 0 || d.lead.call.skip) continue;
       use(d);
-      entry->bwd(block_bwd_params(d, -1, 0), d.ctx);
+      if (side())
+        compute_step(d, n() - 1);
+      else if (d.lead_units > 0 && !d.lead.call.skip)
+        entry->bwd(block_bwd_params(d, -1, 0), d.ctx);
     }
   }
   for (int s = 0; s < n(); ++s) {
@@ -99,17 +120,7 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
     fetch_kv(s + 1, tl);  // the next step's K/V travels while this step computes
     for (Dev& d : devs) {
       use(d);
-      if (!own_step(s)) wait_for(d, d.compute, d.kv_arrived[s], tl);
-      // The partial buffers of step s were merged from at step s - 2.
-      if (s >= 2) CUDA_CHECK(cudaStreamWaitEvent(d.compute, d.merged[s - 2], 0));
-      const Block& blk = block_of(d, s);
-      if (!blk.call.skip) {
-        if (backward)
-          entry->bwd(block_bwd_params(d, s, s & 1), d.ctx);
-        else
-          entry->fwd(block_params(d, s, s & 1), d.ctx);
-      }
-      CUDA_CHECK(cudaEventRecord(d.computed[s], d.compute));
+      if (!(backward && side() && own_step(s))) compute_step(d, s);  // else enqueued above
       CUDA_CHECK(cudaStreamWaitEvent(d.merge, d.computed[s], 0));
       if (backward)
         accumulate_step(d, s, tl);
@@ -133,6 +144,7 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
   }
   for (Dev& d : devs) {
     use(d);
+    if (side() && n() > 1) CUDA_CHECK(cudaStreamWaitEvent(d.compute, d.computed[n() - 1], 0));  // side's last
     if (tl) CUDA_CHECK(cudaEventRecord(tl->compute_end[d.rank], d.compute));
     const int len = d.shard.len();
     if (backward) {  // the last step's block was the own one: its accumulator is complete here
@@ -151,7 +163,7 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
       const float* acc = static_cast<const float*>(d.acc[(n() - 1) & 1].get());
       if (f32_grads && !d.blocks[d.rank].call.skip)  // plus the own block's fp32 dK/dV (all its keys)
         ring_add_round(prob.dtype,
-                       static_cast<const float*>((d.lead_units > 0 ? d.dkv_own : d.dkv_part[(n() - 1) & 1]).get()), acc,
+                       static_cast<const float*>((own_apart(d) ? d.dkv_own : d.dkv_part[(n() - 1) & 1]).get()), acc,
                        d.dkv.get(), 2 * kv_elems(len), d.merge);
       else
         ring_round(prob.dtype, acc, d.dkv.get(), 2 * kv_elems(len), d.merge);
@@ -224,33 +236,39 @@ RingProfile Ring::profile(cudaStream_t stream0) {
   // Indexed by rank, as every Timeline is: a process of a multi-process ring holds one of them.
   for (auto* v : {&tl.wait_in, &tl.wait_out, &tl.comm_in, &tl.comm_out}) v->resize(s.n());
   tl.comm_bytes.resize(s.n());
-  tl.wait_on_compute.resize(s.n());
+  tl.wait_on_kernels.resize(s.n());
   tl.begin.resize(s.n());
   tl.end.resize(s.n());
   tl.compute_end.resize(s.n());
+  tl.own_end.resize(s.n());
   for (Impl::Dev& d : s.devs) {
     s.use(d);
     tl.begin[d.rank] = make_event(true);
     tl.end[d.rank] = make_event(true);
     tl.compute_end[d.rank] = make_event(true);
+    tl.own_end[d.rank] = make_event(true);
   }
   s.enqueue(stream0, true, &tl);
   RingProfile p;
   for (Impl::Dev& d : s.devs) {
     s.use(d);
-    for (cudaStream_t st : {d.compute, d.merge, d.comm}) CUDA_CHECK(cudaStreamSynchronize(st));
+    for (cudaStream_t st : {d.compute, d.merge, d.comm, d.side}) CUDA_CHECK(cudaStreamSynchronize(st));
     float ms = 0, end_ms = 0;
     CUDA_CHECK(cudaEventElapsedTime(&end_ms, tl.begin[d.rank], tl.end[d.rank]));
     CUDA_CHECK(cudaEventElapsedTime(&ms, tl.begin[d.rank], tl.compute_end[d.rank]));
     p.blocks_ms.push_back(ms);
-    // Not hidden: a wait of the compute stream stalls the blocks; a wait of the merge stream
-    // (the backward's accumulators) costs only what lies past the last block's end.
+    // Not hidden: a wait of a kernels' stream stalls the blocks, except while the own block
+    // runs on the other kernels' stream (side(): the own block's stream never waits, and runs
+    // from the start); a wait of the merge stream (the backward's accumulators) costs only what
+    // lies past the last block's end.
     double waiting = 0;
     for (size_t i = 0; i < tl.wait_in[d.rank].size(); ++i) {
       CUDA_CHECK(cudaEventElapsedTime(&ms, tl.wait_in[d.rank][i], tl.wait_out[d.rank][i]));
-      if (!tl.wait_on_compute[d.rank][i]) {
+      const bool on_kernels = tl.wait_on_kernels[d.rank][i];
+      if (!on_kernels || s.side()) {
         float past = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&past, tl.compute_end[d.rank], tl.wait_out[d.rank][i]));
+        CUDA_CHECK(cudaEventElapsedTime(&past, on_kernels ? tl.own_end[d.rank] : tl.compute_end[d.rank],
+                                        tl.wait_out[d.rank][i]));
         ms = std::clamp(past, 0.f, ms);
       }
       waiting += ms;
@@ -268,7 +286,8 @@ RingProfile Ring::profile(cudaStream_t stream0) {
   }
   for (Impl::Dev& d : s.devs) {
     s.use(d);
-    for (cudaEvent_t e : {tl.begin[d.rank], tl.end[d.rank], tl.compute_end[d.rank]}) cudaEventDestroy(e);
+    for (cudaEvent_t e : {tl.begin[d.rank], tl.end[d.rank], tl.compute_end[d.rank], tl.own_end[d.rank]})
+      cudaEventDestroy(e);
     for (auto* v : {&tl.wait_in[d.rank], &tl.wait_out[d.rank], &tl.comm_in[d.rank], &tl.comm_out[d.rank]})
       for (cudaEvent_t e : *v) cudaEventDestroy(e);
   }

@@ -390,6 +390,7 @@ struct Session::Impl {
     r.mem.peak_bytes = ring->bytes_per_device();
     info->devices = ring->devices();
     info->size = ring->size();
+    info->side_stream = ring->side_stream();
     if (e.mode == Mode::Backward) {
       info->gradients = ring->fp32_gradients() ? "fp32" : "partial";
       info->lead_units = ring->lead_units();

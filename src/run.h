@@ -75,6 +75,8 @@ struct RingRecord {
   // Backward, per GPU: the (batch, kv head) units of the own block's lead piece, run while the
   // first K/V shard travels (ring_plan.h; 0: none).
   std::vector<int> lead_units;
+  // The own block ran beside the others on a second kernels' stream (ring_impl.h).
+  bool side_stream = false;
   // One profiled repetition after the timed ones (events on every stream): its length, and per
   // GPU the time its compute stream waited for a transfer; the largest of those is the
   // communication the compute did not hide.
