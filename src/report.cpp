@@ -170,8 +170,7 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
       per_gpu.push_back({{"device", g.devices[i]},
                          {"tflops", i < g.tflops_per_gpu.size() ? num(g.tflops_per_gpu[i]) : json(nullptr)},
                          {"waiting_ms", i < g.waiting_ms.size() ? num(g.waiting_ms[i]) : json(nullptr)},
-                         {"blocks_ms", i < g.blocks_ms.size() ? num(g.blocks_ms[i]) : json(nullptr)},
-                         {"lead_units", i < g.lead_units.size() ? json(g.lead_units[i]) : json(nullptr)}});
+                         {"blocks_ms", i < g.blocks_ms.size() ? num(g.blocks_ms[i]) : json(nullptr)}});
     json vs = json::array();
     for (const RingRecord::VsOneGpu& d : g.vs_one_gpu)
       vs.push_back({{"name", d.name}, {"max_abs", num(d.max_abs)}, {"rel_l2", num(d.rel_l2)},

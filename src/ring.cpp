@@ -49,7 +49,6 @@ Ring::Ring(std::vector<int>) { throw InputError("--devices: " + ring_unavailable
 Ring::Ring(int, const RingProcess&) { throw InputError("--ring-rank: " + ring_unavailable()); }
 bool Ring::root() const { return true; }
 bool Ring::fp32_gradients() const { return false; }
-std::vector<int> Ring::lead_units() const { return {}; }
 Ring::~Ring() = default;
 int Ring::size() const { return 0; }
 const std::vector<int>& Ring::devices() const {
@@ -106,8 +105,6 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     if (backward && entry->bwd_workspace) d.ws_bytes = std::max(d.ws_bytes, entry->bwd_workspace(block_bwd_params(d, s, 0)));
     if (fwd_entry->fwd_workspace) d.ws_bytes = std::max(d.ws_bytes, fwd_entry->fwd_workspace(block_params(d, s, 0)));
   }
-  if (d.lead_units > 0 && entry->bwd_workspace)
-    d.ws_bytes = std::max(d.ws_bytes, entry->bwd_workspace(block_bwd_params(d, -1, 0)));
   // Q, dO, the own K/V and two receive buffers, the workspace; the forward's running result,
   // two partial results and O; the backward's accumulators, two partial gradients, outputs.
   const size_t ws_side = side_fwd || (backward && side_bwd) ? d.ws_bytes : 0;
@@ -119,7 +116,8 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     need += q_elems(dq_rows(len)) * 4 + q_elems(len) * e + B * H * d.shard.len_b * 4 +
             2 * (dq_part_elems * e + 2 * kv_elems(k_rows) * part_es) +
             2 * size_t(2 * kv_elems(max_kv)) * 4 + 2 * kv_elems(len) * e;
-  if (backward && own_apart(d)) need += 2 * kv_elems(len) * 4;  // dkv_own
+  if (backward && side_bwd) need += 2 * kv_elems(len) * 4;  // dkv_own
+  if (dq_apart()) need += q_elems(len) * 4;                 // dq_own
   use(d);
   require_device_memory(entry->kernel + " (ring rank " + std::to_string(d.rank) + ")", need, d.id);
   bytes_held = std::max(bytes_held, need);
@@ -155,24 +153,31 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     }
     d.dq = DeviceBuffer(q_elems(len) * e);
     d.dkv = DeviceBuffer(2 * kv_elems(len) * e);
-    if (own_apart(d)) d.dkv_own = DeviceBuffer(2 * kv_elems(len) * 4);
+    if (side_bwd) d.dkv_own = DeviceBuffer(2 * kv_elems(len) * 4);
+    if (dq_apart()) d.dq_own = DeviceBuffer(q_elems(len) * 4);
   }
   const int32_t* seqlens = in.seqlens_k ? in.seqlens_k->data<int32_t>() : nullptr;
-  auto local_lengths = [&](Block& blk, int src) {
+  for (int src = 0; src < n() && seqlens; ++src) {  // each block's keys below each batch element's length
+    Block& blk = d.blocks[src];
     HostArray local(DType::I32, {dims().B});
     const RingShard kv = ring_shard(dims().S_k, n(), src);
     for (int b = 0; b < dims().B; ++b)
       local.data<int32_t>()[b] = ring_local_seqlen(kv, blk.call.k_row0, blk.call.k_rows, seqlens[b]);
     blk.seqlens = upload_array(local);
-  };
-  for (int src = 0; src < n() && seqlens; ++src) local_lengths(d.blocks[src], src);
-  if (seqlens && d.lead_units > 0) {  // the own block's lengths (each piece starts at its first unit)
-    local_lengths(d.lead, d.rank);
-    local_lengths(d.rest, d.rank);
   }
 }
 
 namespace {
+
+// A switch from the environment (an ablation): `on` unless NAME says 0; anything but 0 or 1 is
+// refused.
+bool env_switch(const char* name, bool on) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return on;
+  if (std::string(v) != "0" && std::string(v) != "1")
+    throw RuntimeError(std::string(name) + ": expected 0 or 1, got '" + v + "'");
+  return on && std::string(v) == "1";
+}
 
 // The NCCL unique id of a ring of processes, through a file: rank 0 creates it (atomically:
 // written beside it, then renamed), the others wait for it.
@@ -300,11 +305,6 @@ Ring::~Ring() {
 int Ring::size() const { return impl_->n(); }
 bool Ring::root() const { return impl_->root(); }
 bool Ring::fp32_gradients() const { return impl_->f32_grads; }
-std::vector<int> Ring::lead_units() const {
-  std::vector<int> v;
-  for (const Impl::Dev& d : impl_->devs) v.push_back(d.lead_units);
-  return v;
-}
 bool Ring::side_stream() const { return impl_->side(); }
 const std::vector<int>& Ring::devices() const { return impl_->ids; }
 
@@ -325,60 +325,15 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
     for (int src = 0; src < s.n(); ++src) d.blocks[src].call = ring_call(S, s.n(), d.rank, src, s.prob.causal);
   }
   s.f32_grads = s.backward && e.fp32_gradients != nullptr && e.fp32_gradients(ring_block_bwd(s.prob, 1, 1, RingCall{}, {}));
-  if (const char* v = std::getenv("FLASHATTN_RING_FP32_GRADIENTS")) {
-    if (std::string(v) != "0" && std::string(v) != "1")
-      throw RuntimeError(std::string("FLASHATTN_RING_FP32_GRADIENTS: expected 0 or 1, got '") + v + "'");
-    s.f32_grads = s.f32_grads && std::string(v) == "1";
-  }
-  // The own block's lead piece (ring_plan.h), with fp32 gradients: both pieces store their
-  // dK/dV into one buffer. FLASHATTN_RING_LEAD_UNITS sets its (batch, kv head) units (0: none).
-  const char* lead_env = std::getenv("FLASHATTN_RING_LEAD_UNITS");
-  int lead_set = -1;
-  if (lead_env) {
-    char* end = nullptr;
-    const long v = std::strtol(lead_env, &end, 10);
-    if (end == lead_env || *end != '\0' || v < 0 || v > (1 << 30))
-      throw RuntimeError(std::string("FLASHATTN_RING_LEAD_UNITS: expected a number of units >= 0, got '") + lead_env + "'");
-    lead_set = int(v);
-  }
+  s.f32_grads = env_switch("FLASHATTN_RING_FP32_GRADIENTS", s.f32_grads);
   // dQ in the kernel's own layout (ring_impl.h), where every block starts on a whole row block.
   s.dq_accum = s.f32_grads && e.dq_finish != nullptr;
   for (const Impl::Dev& d : s.devs)
     for (const Impl::Block& blk : d.blocks) s.dq_accum = s.dq_accum && blk.call.q_row0 % kDqAccumRows == 0;
-  if (const char* v = std::getenv("FLASHATTN_RING_DQ_ACCUM")) {
-    if (std::string(v) != "0" && std::string(v) != "1")
-      throw RuntimeError(std::string("FLASHATTN_RING_DQ_ACCUM: expected 0 or 1, got '") + v + "'");
-    s.dq_accum = s.dq_accum && std::string(v) == "1";
-  }
+  s.dq_accum = env_switch("FLASHATTN_RING_DQ_ACCUM", s.dq_accum);
   // The own block beside the others on a second kernels' stream (ring_impl.h).
-  s.side_fwd = s.n() > 1;
-  if (const char* v = std::getenv("FLASHATTN_RING_SIDE_STREAM")) {
-    if (std::string(v) != "0" && std::string(v) != "1")
-      throw RuntimeError(std::string("FLASHATTN_RING_SIDE_STREAM: expected 0 or 1, got '") + v + "'");
-    s.side_fwd = s.side_fwd && std::string(v) == "1";
-  }
-  s.side_bwd = s.backward && s.side_fwd && s.dq_accum && !deterministic;
-  const Dims& dm = s.dims();
-  for (Impl::Dev& d : s.devs) {
-    const RingCall& own = d.blocks[d.rank].call;
-    d.lead_units = 0;
-    if (s.backward && s.f32_grads && !s.side_bwd && !own.skip) {  // beside the others it needs none
-      if (lead_set >= 0) {  // within the rule's shape: under half the units, whole batches where B > 1
-        const int u = std::min(lead_set, dm.B * dm.H_kv / 2);
-        d.lead_units = dm.B > 1 ? u / dm.H_kv * dm.H_kv : u;
-      } else {
-        d.lead_units = ring_lead_units(own.k_rows, dm.B, dm.H, dm.H_kv, dm.D, s.prob.causal, d.ctx.sm_count,
-                                       double(s.kv_bytes_of(s.src_of(d.rank, 0))));
-      }
-    }
-    d.lead = Impl::Block{}, d.rest = Impl::Block{};
-    d.lead.call = d.rest.call = own;
-    d.lead.call.skip = d.lead_units <= 0;
-    if (d.lead_units > 0) {
-      const RingOwnSplit split = ring_split_units(dm.B, dm.H_kv, d.lead_units);
-      d.lead.units = split.lead, d.rest.units = split.rest;
-    }
-  }
+  s.side_fwd = env_switch("FLASHATTN_RING_SIDE_STREAM", s.n() > 1);
+  s.side_bwd = s.backward && s.side_fwd && s.f32_grads && !deterministic && s.dims().H == s.dims().H_kv;
   s.bytes_held = 0;
   for (Impl::Dev& d : s.devs) s.allocate(d, in);
   if (!s.backward) return;

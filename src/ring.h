@@ -73,9 +73,6 @@ class Ring {
   bool root() const;
   // After prepare: whether the backward's kernel keeps the gradients in fp32 (ring_impl.h).
   bool fp32_gradients() const;
-  // After prepare: per GPU this process drives, the (batch, kv head) units of the backward's
-  // own-block lead piece (ring_plan.h; 0: none).
-  std::vector<int> lead_units() const;
   // After prepare: whether the own block runs beside the others on a second kernels' stream.
   bool side_stream() const;
 

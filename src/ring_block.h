@@ -90,7 +90,7 @@ inline BwdParams ring_block_bwd(const Problem& prob, int len, int len_src, const
 // dQ added into the rank's fp32 accumulator dq_acc ([B, H, len, D]) at the block's rows; dK and
 // dV stored into `dkv`, dK then dV: laid out over the source's whole shard ([B, H_kv, len_src,
 // D] each, at the block's key rows) when `whole_shard` (the travelling accumulator itself, or the
-// buffer the own block's two pieces share), else a partial [B, H_kv, k_rows, D] each.
+// own block's buffer where it runs on its own stream), else a partial [B, H_kv, k_rows, D] each.
 inline void ring_block_grads_f32(const Problem& prob, int len, int len_src, const RingCall& c, float* dq_acc,
                                  float* dkv, bool whole_shard, BwdParams* p) {
   const Dims& d = prob.dims;
@@ -101,29 +101,6 @@ inline void ring_block_grads_f32(const Problem& prob, int len, int len_src, cons
   p->dk = dkv + int64_t(row0) * d.D;
   p->dv = dkv + int64_t(d.B) * d.H_kv * rows * d.D + int64_t(row0) * d.D;
   p->dk_st = p->dv_st = ring_packed(d.H_kv, rows, d.D);
-}
-
-// A piece of a block (ring_plan.h's RingUnits) from its whole-block parameters: every tensor from
-// the piece's first unit (by its own strides; lse, contiguous [B, H, rows], and the key lengths
-// by their layout), the piece's B, H and H_kv.
-inline void ring_block_slice(const RingUnits& u, const Problem& prob, BwdParams* p) {
-  if (u.all()) return;
-  const int group = p->H / p->H_kv, h0 = u.g0 * group;
-  const size_t es = dtype_size(prob.dtype), gs = p->grads_f32 ? sizeof(float) : es;
-  auto first = [&](const Strides& st, int head0) { return int64_t(u.b0) * st.batch + int64_t(head0) * st.head; };
-  auto out = [](void* ptr, int64_t elems, size_t bytes) { return static_cast<char*>(ptr) + elems * int64_t(bytes); };
-  p->q = ring_offset(p->q, first(p->q_st, h0), es);
-  p->k = ring_offset(p->k, first(p->k_st, u.g0), es);
-  p->v = ring_offset(p->v, first(p->v_st, u.g0), es);
-  p->dout = ring_offset(p->dout, first(p->do_st, h0), es);
-  p->o = out(p->o, first(p->o_st, h0), es);
-  p->dq = out(p->dq, first(p->dq_st, h0), gs);
-  p->dk = out(p->dk, first(p->dk_st, u.g0), gs);
-  p->dv = out(p->dv, first(p->dv_st, u.g0), gs);
-  p->lse = static_cast<float*>(p->lse) + (int64_t(u.b0) * p->H + h0) * p->S_q;
-  if (p->dq_accum) p->dq_accum += (int64_t(u.b0) * p->H + h0) * p->dq_accum_rows * p->D;  // [B, H, rows, D]
-  if (p->seqlens_k) p->seqlens_k += u.b0;
-  p->B = u.nb, p->H_kv = u.ng, p->H = u.ng * group;
 }
 
 }  // namespace flashattn

@@ -53,7 +53,6 @@ struct Ring::Impl {
   // on), and its keys below each batch element's length.
   struct Block {
     RingCall call;
-    RingUnits units;  // a piece of the own block: its (batch, kv head) units; else all
     DeviceBuffer seqlens;  // int32 [B]; empty without key padding
   };
   struct Dev {
@@ -78,12 +77,10 @@ struct Ring::Impl {
     // Backward: lse of the second chunk's rows (contiguous), dQ's accumulator, two blocks'
     // gradients (dQ; dK then dV), the travelling dK/dV accumulators (fp32, dK then dV), outputs.
     DeviceBuffer lse_b, dq_acc, dq_part[2], dkv_part[2], acc[2], dq, dkv;
-    // The own block in two pieces (lead_units > 0, fp32 gradients only; ring_plan.h): the lead,
-    // computed while the first K/V shard travels, and the rest, in the own step; the own
-    // block's dK/dV, which both pieces store into (fp32, dK then dV, [B, H_kv, len, D] each).
-    int lead_units = 0;
-    Block lead, rest;
-    DeviceBuffer dkv_own;
+    // The backward's own block on its own stream (side_bwd): its dK/dV (fp32, dK then dV,
+    // [B, H_kv, len, D] each) and, where dQ is not added by the kernel's reductions (dq_accum),
+    // its dQ (fp32, [B, H, len, D]): its kernel's dQ pass runs beside the others'.
+    DeviceBuffer dkv_own, dq_own;
     DeviceBuffer ws, ws_side;  // the kernels' workspaces: compute's, side's (two kernels at once)
     size_t ws_bytes = 0;
     // Per step: its block computed, merged (or accumulated), its K/V arrived, its dK/dV
@@ -113,20 +110,23 @@ struct Ring::Impl {
   int dq_rows(int len) const { return dq_accum ? (len + kDqAccumRows - 1) / kDqAccumRows * kDqAccumRows : len; }
   // Two kernel streams: the own block on one, the others' blocks on the other, so neither waits
   // for the other's last CTAs (a kernel's last wave leaves SMs idle that the other's CTAs take)
-  // and the backward's own block fills the wait for the first K/V shard (no lead piece). The
-  // stream that must finish first is the higher priority: its pending CTAs go first, the other
-  // takes what SMs it leaves. Forward: the own block (step 0, compute) ahead of the others
-  // (side), whose merges follow it. Backward: the others (compute, each accumulator sent on as
-  // soon as its block ends) ahead of the own block (side), the last to finish, where the own
-  // dK/dV need no transfer. Both kernels run at once, so each has its own workspace; the
-  // backward needs dQ added atomically into one accumulator (dq_accum: the copy engine's
-  // reductions) and not --deterministic. FLASHATTN_RING_SIDE_STREAM=0 turns it off (the ablation).
+  // and the backward's own block fills the wait for the first K/V shard. The stream that must
+  // finish first is the higher priority: its pending CTAs go first, the other takes what SMs it
+  // leaves. Forward: the own block (step 0, compute) ahead of the others (side), whose merges
+  // follow it. Backward: the others (compute, each accumulator sent on as soon as its block
+  // ends) ahead of the own block (side), the last to finish, where the own dK/dV need no
+  // transfer. Both kernels run at once, so each has its own workspace, and the backward's own
+  // block its own gradients (dkv_own; dq_own unless dQ goes into dq_acc by the kernel's
+  // reductions), added when the outputs are rounded; the backward needs fp32 gradients, not
+  // --deterministic (the order of dQ's additions), and no GQA: there a CTA sums a group's heads,
+  // and the own block's first CTAs (under causal the longest) hold the SMs for several times the
+  // first transfer, so the remote block starts late (32k GQA 32/8 causal: 3 % slower).
+  // FLASHATTN_RING_SIDE_STREAM=0 turns it off (the ablation).
   bool side_fwd = false, side_bwd = false;
   bool side() const { return backward ? side_bwd : side_fwd; }
-  bool on_side(int s) const { return side() && (backward ? own_step(s) && s >= 0 : !own_step(s)); }
+  bool on_side(int s) const { return side() && s >= 0 && own_step(s) == backward; }
   cudaStream_t stream_of(const Dev& d, int s) const { return on_side(s) ? d.side : d.compute; }
-  // The backward's own block stores its fp32 dK/dV into dkv_own: in pieces, or beside the others.
-  bool own_apart(const Dev& d) const { return d.lead_units > 0 || (backward && side_bwd); }
+  bool dq_apart() const { return backward && side_bwd && !dq_accum; }  // the own block's dQ in dq_own
   cudaEvent_t start = nullptr;  // on rank 0
   size_t bytes_held = 0;
 
@@ -148,21 +148,15 @@ struct Ring::Impl {
   // taken in the owner's block last: no hop after the last step (the forward's order would end
   // with every accumulator one hop from home, a transfer nothing overlaps). The price is the
   // first step's K/V, which has to arrive before the first remote block (half the bytes of that
-  // hop); with fp32 gradients the own block's lead piece (ring_plan.h) runs meanwhile.
-  // Step -1 stands for "before the first step": its shard is the own one.
+  // hop); with the own block on its own stream (side_bwd) that block runs meanwhile.
   int src_of(int r, int s) const {
     const int shift = backward ? s + 1 : s;
     return ((r - shift) % n() + n()) % n();
   }
-  // The K/V buffer step s computes from: the own shard, or the receive buffer it arrived in.
+  // Step -1 stands for "before the first step" (what the first transfer sends): the own shard.
   bool own_step(int s) const { return s < 0 || (backward ? s == n() - 1 : s == 0); }
-  // Step s's block (s = -1: the backward's lead piece; the own step runs the rest where the own
-  // block is split).
-  const Block& block_of(const Dev& d, int s) const {
-    if (s < 0) return d.lead;
-    if (backward && own_step(s) && d.lead_units > 0) return d.rest;
-    return d.blocks[src_of(d.rank, s)];
-  }
+  // The K/V buffer step s computes from: the own shard, or the receive buffer it arrived in.
+  const Block& block_of(const Dev& d, int s) const { return d.blocks[src_of(d.rank, s)]; }
   const DeviceBuffer& kv_buffer(const Dev& d, int s) const {
     if (own_step(s)) return d.kv_own;
     return d.kv[(backward ? s : s - 1) & 1];
@@ -204,17 +198,17 @@ struct Ring::Impl {
     BwdParams p = block_call<BwdParams>(d, s, part, ring_block_bwd);
     if (f32_grads) {
       // Step 0's block starts the accumulator of its keys (the own shard comes last: never step
-      // 0); the own block's pieces store into the buffer they share.
-      const bool into_acc = s == 0 && !own_step(s), pieces = own_step(s) && own_apart(d);
-      float* dkv = static_cast<float*>(into_acc ? d.acc[0].get() : (pieces ? d.dkv_own : d.dkv_part[part]).get());
-      ring_block_grads_f32(prob, d.shard.len(), shard_len(src_of(d.rank, s)), block_of(d, s).call,
-                           static_cast<float*>(d.dq_acc.get()), dkv, into_acc || pieces, &p);
+      // 0); the own block on its own stream stores into its own buffers.
+      const bool into_acc = s == 0 && !own_step(s), beside = on_side(s);
+      float* dkv = static_cast<float*>(into_acc ? d.acc[0].get() : (beside ? d.dkv_own : d.dkv_part[part]).get());
+      float* dq = static_cast<float*>((beside && dq_apart() ? d.dq_own : d.dq_acc).get());
+      ring_block_grads_f32(prob, d.shard.len(), shard_len(src_of(d.rank, s)), block_of(d, s).call, dq, dkv,
+                           into_acc || beside, &p);
       if (dq_accum) {
         p.dq_accum = static_cast<float*>(d.dq_acc.get());
         p.dq_accum_rows = dq_rows(d.shard.len());
         p.dq_accum_row0 = block_of(d, s).call.q_row0;
       }
-      ring_block_slice(block_of(d, s).units, prob, &p);
     }
     return p;
   }

@@ -21,7 +21,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 
 namespace flashattn {
 
@@ -85,63 +84,6 @@ inline int ring_local_seqlen(const RingShard& kv, int k_row0, int k_rows, int L)
     if (b > a) n += std::clamp(L - (begin + (a - lo)), 0, b - a);
   }
   return n;
-}
-
-// The backward's own block in two pieces (ring_impl.h: the own shard comes last, so that each
-// dK/dV accumulator ends its trip at home, and the first K/V transfer has nothing to overlap).
-// The lead piece, the block's first `u` (batch element, kv head) units with all their rows and
-// keys, runs while that transfer travels; the rest, the other units, runs in the own step. The
-// units are batch-major; a piece takes whole batch elements, or kv heads of the only one (a
-// piece's lse rows must be contiguous in [B, H, rows]). Each piece is the whole block's
-// problem for its heads, CTA for CTA: only the kernel boundary between them is new. The pieces
-// hold disjoint heads, so each stores its dK/dV outright.
-struct RingUnits {
-  int b0 = 0, nb = 0;  // batch elements [b0, b0 + nb); nb == 0: the whole block
-  int g0 = 0, ng = 0;  // kv heads [g0, g0 + ng) of each
-  bool all() const { return nb == 0; }
-};
-
-struct RingOwnSplit {
-  RingUnits lead, rest;
-};
-
-// `u` units to the lead: u < H_kv when B == 1, else a multiple of H_kv below B * H_kv.
-inline RingOwnSplit ring_split_units(int B, int H_kv, int u) {
-  RingOwnSplit s;
-  if (B == 1) {
-    s.lead = {0, 1, 0, u};
-    s.rest = {0, 1, u, H_kv - u};
-  } else {
-    s.lead = {0, u / H_kv, 0, H_kv};
-    s.rest = {u / H_kv, B - u / H_kv, 0, H_kv};
-  }
-  return s;
-}
-
-// How many units the lead takes: enough to last the first K/V transfer (`first_bytes`), with the
-// block's kernel computing kLeadFlopsPerByte backward FLOPs (10 per visible pair per head dim)
-// in the time the link moves a byte (~500 TFLOP/s over ~340 GB/s between two NVLink GPUs), and
-// at least a wave of the backward's CTAs (one per kLeadKeyBlock keys of a unit; two waves under
-// a causal mask, whose CTAs shorten along the diagonal); whole batch elements where B > 1; at
-// most half the units. A longer lead costs nothing (its work leaves the own step); what a lead
-// costs is its last wave, about one CTA, so there is none where the longest CTA (key block 0,
-// every row of a unit's query heads) alone outlasts the transfer: few heads, or a GQA group's
-// CTA summing several (32/8 at 32k). 0: no split.
-constexpr double kLeadFlopsPerByte = 1500;
-constexpr int kLeadKeyBlock = 128;
-
-inline int ring_lead_units(int len, int B, int H, int H_kv, int D, bool causal, int sms, double first_bytes) {
-  const int units = B * H_kv;
-  if (units < 2 || len <= 0 || sms <= 0 || first_bytes <= 0) return 0;
-  const double budget = kLeadFlopsPerByte * first_bytes;  // FLOPs the transfer lasts
-  const double group = double(H) / H_kv;
-  if (10.0 * D * group * kLeadKeyBlock * len * sms > budget) return 0;
-  const double pairs = causal ? double(len) * (len + 1) / 2 : double(len) * len;
-  const double per_unit = 10.0 * D * group * pairs;
-  const int ctas_per_unit = (len + kLeadKeyBlock - 1) / kLeadKeyBlock, min_ctas = causal ? 2 * sms : sms;
-  int u = std::max(int(std::ceil(budget / per_unit)), (min_ctas + ctas_per_unit - 1) / ctas_per_unit);
-  if (B > 1) u = (u + H_kv - 1) / H_kv * H_kv;
-  return u <= units / 2 ? u : 0;
 }
 
 }  // namespace flashattn

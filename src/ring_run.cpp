@@ -118,11 +118,6 @@ std::string ring_note(const RingRecord& g, double median_ms) {
   }
   std::string how = g.gradients.empty() ? "" : ", " + g.gradients + " gradients";
   if (g.side_stream) how += ", own block on a second stream";
-  if (std::any_of(g.lead_units.begin(), g.lead_units.end(), [](int k) { return k > 0; })) {
-    how += ", lead piece ";
-    for (size_t i = 0; i < g.lead_units.size(); ++i) how += (i ? "/" : "") + std::to_string(g.lead_units[i]);
-    how += " units";
-  }
   char buf[400];
   std::string who = "ring over GPUs " + ids;
   if (g.rank >= 0) who = "ring of " + std::to_string(g.size) + " processes (rank " + std::to_string(g.rank) + " on GPU " + ids + ")";

@@ -83,6 +83,7 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
     if (backward) {  // on the compute stream: the kernels may add or store into them
       ring_fill(static_cast<float*>(d.dq_acc.get()), 0.f, q_elems(dq_rows(d.shard.len())), d.compute);
       ring_fill(static_cast<float*>(d.acc[0].get()), 0.f, 2 * kv_elems(max_len()), d.compute);
+      if (dq_apart()) ring_fill(static_cast<float*>(d.dq_own.get()), 0.f, q_elems(d.shard.len()), d.compute);
       CUDA_CHECK(cudaEventRecord(d.zeroed, d.compute));
       CUDA_CHECK(cudaStreamWaitEvent(d.side, d.zeroed, 0));
     }
@@ -93,7 +94,7 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
   auto compute_step = [&](Dev& d, int s) {
     const cudaStream_t stream = stream_of(d, s);
     if (!own_step(s)) wait_for(d, stream, d.kv_arrived[s], tl);
-    const bool uses_parts = !(backward && own_step(s) && own_apart(d));  // else dkv_own, dq_acc
+    const bool uses_parts = !(backward && on_side(s));  // else the own block's own buffers
     if (s >= 2 && uses_parts) CUDA_CHECK(cudaStreamWaitEvent(stream, d.merged[s - 2], 0));
     if (!block_of(d, s).call.skip) {
       const LaunchContext& ctx = stream == d.side ? d.ctx_side : d.ctx;
@@ -105,14 +106,11 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
     CUDA_CHECK(cudaEventRecord(d.computed[s], stream));
     if (tl && side() && own_step(s)) CUDA_CHECK(cudaEventRecord(tl->own_end[d.rank], stream));
   };
-  if (backward) {  // the own block beside the others from the start, or its lead piece, if any
-    NvtxRange range(side() ? "ring own block" : "ring lead piece");
+  if (backward && side()) {  // the own block beside the others from the start
+    NvtxRange range("ring own block");
     for (Dev& d : devs) {
       use(d);
-      if (side())
-        compute_step(d, n() - 1);
-      else if (d.lead_units > 0 && !d.lead.call.skip)
-        entry->bwd(block_bwd_params(d, -1, 0), d.ctx);
+      compute_step(d, n() - 1);
     }
   }
   for (int s = 0; s < n(); ++s) {
@@ -157,13 +155,16 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
         LaunchContext on_merge = d.ctx;
         on_merge.stream = d.merge;
         entry->dq_finish(fin, on_merge);
+      } else if (dq_apart()) {  // plus the own block's
+        ring_add_round(prob.dtype, static_cast<const float*>(d.dq_own.get()),
+                       static_cast<const float*>(d.dq_acc.get()), d.dq.get(), q_elems(len), d.merge);
       } else {
         ring_round(prob.dtype, static_cast<const float*>(d.dq_acc.get()), d.dq.get(), q_elems(len), d.merge);
       }
       const float* acc = static_cast<const float*>(d.acc[(n() - 1) & 1].get());
       if (f32_grads && !d.blocks[d.rank].call.skip)  // plus the own block's fp32 dK/dV (all its keys)
         ring_add_round(prob.dtype,
-                       static_cast<const float*>((own_apart(d) ? d.dkv_own : d.dkv_part[(n() - 1) & 1]).get()), acc,
+                       static_cast<const float*>((side() ? d.dkv_own : d.dkv_part[(n() - 1) & 1]).get()), acc,
                        d.dkv.get(), 2 * kv_elems(len), d.merge);
       else
         ring_round(prob.dtype, acc, d.dkv.get(), 2 * kv_elems(len), d.merge);

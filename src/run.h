@@ -72,9 +72,6 @@ struct RingRecord {
   // Backward: "fp32" where the kernel keeps the gradients in fp32 (KernelMode::fp32_gradients),
   // "partial" where the ring adds up 16-bit partials; empty for a forward.
   std::string gradients;
-  // Backward, per GPU: the (batch, kv head) units of the own block's lead piece, run while the
-  // first K/V shard travels (ring_plan.h; 0: none).
-  std::vector<int> lead_units;
   // The own block ran beside the others on a second kernels' stream (ring_impl.h).
   bool side_stream = false;
   // One profiled repetition after the timed ones (events on every stream): its length, and per

@@ -192,19 +192,17 @@ TEST_P(RingOnHost, EqualsTheWholeProblem) {
   // outer, own shard last). Three ways: with the partial-output contract (each block's gradients
   // added up here); with fp32 gradients (ring_block_grads_f32: dQ added by the block into the
   // rank's accumulator, step 0's dK/dV stored into the accumulator it starts, the others' into a
-  // partial added here); and with fp32 gradients and the own block in two pieces of (batch, kv
-  // head) units (ring_plan.h: the lead before step 0, the rest in the own step, both storing
-  // into one buffer added last).
-  enum Way { kPartial, kF32, kF32Lead };
-  for (const Way way : {kPartial, kF32, kF32Lead}) {
-    SCOPED_TRACE(way == kPartial ? "partial gradients" : (way == kF32 ? "fp32 gradients" : "fp32 gradients, lead piece"));
-    const bool f32 = way != kPartial;
-    std::vector<Vec> dq_sh(N), dkv_acc(N), dkv_own(N), lse_b(N);
-    // The lead's units: half the kv heads of the only batch element, else half the batch elements.
-    const int lead = way != kF32Lead ? 0 : (B == 1 ? Hk / 2 : B / 2 * Hk);
-    const RingOwnSplit split = ring_split_units(B, Hk, lead);
+  // partial added here); and with fp32 gradients and the own block on its own stream (run first,
+  // as it starts before the first shard arrives, its dQ and dK/dV into buffers of its own added
+  // last).
+  enum Way { kPartial, kF32, kF32Beside };
+  for (const Way way : {kPartial, kF32, kF32Beside}) {
+    SCOPED_TRACE(way == kPartial ? "partial gradients" : (way == kF32 ? "fp32 gradients" : "fp32 gradients, own block beside"));
+    const bool f32 = way != kPartial, beside = way == kF32Beside;
+    std::vector<Vec> dq_sh(N), dq_own(N), dkv_acc(N), dkv_own(N), lse_b(N);
     for (int r = 0; r < N; ++r) {
       dq_sh[r].assign(size_t(B) * H * sh[r].len() * D, 0.f);
+      dq_own[r].assign(dq_sh[r].size(), 0.f);
       dkv_acc[r].assign(2 * size_t(B) * Hk * sh[r].len() * D, 0.f);
       dkv_own[r].assign(dkv_acc[r].size(), 0.f);
       // lse of the second chunk's rows, contiguous (what a block of those rows reads).
@@ -213,10 +211,9 @@ TEST_P(RingOnHost, EqualsTheWholeProblem) {
         std::copy_n(&lse_sh[r][size_t(bh) * sh[r].len() + sh[r].len_a], sh[r].len_b,
                     &lse_b[r][size_t(bh) * sh[r].len_b]);
     }
-    // One block of rank r against src's shard, or a piece of the own block (`units`; dK/dV into
-    // dkv_own, whole-shard rows).
-    auto run = [&](int r, int src, const RingCall& call, bool into_acc, const RingUnits* units) {
-      const bool own_piece = units != nullptr;
+    // One block of rank r against src's shard, or the own block beside the others (`own`: dQ
+    // into dq_own, dK/dV into dkv_own, whole-shard rows).
+    auto run = [&](int r, int src, const RingCall& call, bool into_acc, bool own) {
       const int len = sh[r].len();
       Vec dq_part(size_t(B) * H * call.q_rows * D), dkv_part(2 * size_t(B) * Hk * call.k_rows * D);
       std::vector<int32_t> kl(B);
@@ -227,17 +224,16 @@ TEST_P(RingOnHost, EqualsTheWholeProblem) {
       buf.dout = dos[r].data(), buf.dq_part = dq_part.data(), buf.dkv_part = dkv_part.data();
       BwdParams bp = ring_block_bwd(p, len, sh[src].len(), call, buf);
       if (f32)
-        ring_block_grads_f32(p, len, sh[src].len(), call, dq_sh[r].data(),
-                             into_acc ? dkv_acc[src].data() : (own_piece ? dkv_own[r].data() : dkv_part.data()),
-                             into_acc || own_piece, &bp);
-      if (own_piece) ring_block_slice(*units, p, &bp);
+        ring_block_grads_f32(p, len, sh[src].len(), call, (own ? dq_own : dq_sh)[r].data(),
+                             into_acc ? dkv_acc[src].data() : (own ? dkv_own[r].data() : dkv_part.data()),
+                             into_acc || own, &bp);
       block_backward(bp);
       if (!f32)
         for (int bh = 0; bh < B * H; ++bh)
           for (int i = 0; i < call.q_rows; ++i)
             for (int d = 0; d < D; ++d)
               dq_sh[r][(size_t(bh) * len + call.q_row0 + i) * D + d] += dq_part[(size_t(bh) * call.q_rows + i) * D + d];
-      if (into_acc || own_piece) return;
+      if (into_acc || own) return;
       const size_t half = size_t(B) * Hk * sh[src].len() * D, part_half = size_t(B) * Hk * call.k_rows * D;
       for (int t = 0; t < 2; ++t)
         for (int bg = 0; bg < B * Hk; ++bg)
@@ -246,18 +242,20 @@ TEST_P(RingOnHost, EqualsTheWholeProblem) {
               dkv_acc[src][t * half + (size_t(bg) * sh[src].len() + call.k_row0 + j) * D + d] +=
                   dkv_part[t * part_half + (size_t(bg) * call.k_rows + j) * D + d];
     };
-    for (int r = 0; r < N && lead > 0; ++r)
-      if (!ring_call(S, N, r, r, c.causal).skip) run(r, r, ring_call(S, N, r, r, c.causal), false, &split.lead);
-    for (int s = 0; s < N; ++s) {
+    for (int r = 0; r < N && beside; ++r)
+      if (!ring_call(S, N, r, r, c.causal).skip) run(r, r, ring_call(S, N, r, r, c.causal), false, true);
+    for (int s = 0; s < N - (beside ? 1 : 0); ++s) {
       for (int r = 0; r < N; ++r) {
         const int src = ((r - s - 1) % N + N) % N;
         const RingCall call = ring_call(S, N, r, src, c.causal);
         if (call.skip) continue;
-        run(r, src, call, f32 && s == 0, src == r && lead > 0 ? &split.rest : nullptr);
+        run(r, src, call, f32 && s == 0, false);
       }
     }
-    for (int r = 0; r < N && lead > 0; ++r)  // the own block's pieces, added as the outputs are rounded
+    for (int r = 0; r < N && beside; ++r) {  // the own block's gradients, added as the outputs are rounded
       for (size_t i = 0; i < dkv_own[r].size(); ++i) dkv_acc[r][i] += dkv_own[r][i];
+      for (size_t i = 0; i < dq_own[r].size(); ++i) dq_sh[r][i] += dq_own[r][i];
+    }
     Vec dq_ring(q.size()), dk_ring(k.size()), dv_ring(v.size());
     for (int r = 0; r < N; ++r) {
       unshard(dq_sh[r], B, H, S, D, sh[r], &dq_ring);

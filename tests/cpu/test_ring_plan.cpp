@@ -53,46 +53,6 @@ TEST(RingPlan, EveryVisiblePairOnceAndNoOther) {
       }
 }
 
-// The own block's two pieces (the backward's lead piece and the rest) hold every (batch, kv
-// head) unit once: kv heads of the only batch element, else whole batch elements.
-TEST(RingPlan, OwnBlockSplitsIntoTwoPiecesOfUnits) {
-  for (int B : {1, 2, 3})
-    for (int H_kv : {1, 2, 8})
-      for (int u = 1; u <= B * H_kv / 2; ++u) {
-        if (B > 1 && u % H_kv) continue;
-        const RingOwnSplit sp = ring_split_units(B, H_kv, u);
-        std::vector<int> count(size_t(B) * H_kv, 0);
-        int in_lead = 0;
-        for (const RingUnits* p : {&sp.lead, &sp.rest}) {
-          EXPECT_FALSE(p->all());
-          EXPECT_TRUE(B == 1 || (p->g0 == 0 && p->ng == H_kv)) << "whole batch elements where B > 1";
-          for (int b = p->b0; b < p->b0 + p->nb; ++b)
-            for (int g = p->g0; g < p->g0 + p->ng; ++g) ++count[size_t(b) * H_kv + g], in_lead += p == &sp.lead;
-        }
-        EXPECT_EQ(in_lead, u);
-        for (int c : count) EXPECT_EQ(c, 1) << "B=" << B << " H_kv=" << H_kv << " u=" << u;
-      }
-}
-
-// The lead piece's size: as long as the first transfer, at least a wave of CTAs (two under a
-// causal mask), whole batch elements, at most half the units; none where one CTA outlasts the
-// transfer.
-TEST(RingPlan, LeadPieceLastsTheFirstTransfer) {
-  const int H = 32, D = 128, sms = 132;
-  auto kv_bytes = [&](int len, int H_kv) { return 2.0 * H_kv * len * D * 2; };  // K and V, bf16
-  EXPECT_EQ(ring_lead_units(16384, 1, H, H, D, true, sms, kv_bytes(16384, H)), 3);    // 32k on two GPUs
-  EXPECT_EQ(ring_lead_units(16384, 1, H, H, D, false, sms, kv_bytes(16384, H)), 2);   // a wave: 256 CTAs
-  EXPECT_EQ(ring_lead_units(32768, 1, H, H, D, true, sms, kv_bytes(32768, H)), 2);    // 64k
-  EXPECT_EQ(ring_lead_units(32768, 1, H, H, D, false, sms, kv_bytes(32768, H)), 1);
-  EXPECT_EQ(ring_lead_units(16384, 1, H, 8, D, true, sms, kv_bytes(16384, 8)), 0);   // GQA: a CTA sums 4 heads
-  EXPECT_EQ(ring_lead_units(16384, 1, 8, 8, D, true, sms, kv_bytes(16384, 8)), 0);   // 8 heads: a short transfer
-  EXPECT_EQ(ring_lead_units(16384, 2, H, H, D, true, sms, 2 * kv_bytes(16384, H)), H);  // a whole batch element
-  EXPECT_EQ(ring_lead_units(200, 1, H, H, D, true, sms, kv_bytes(200, H)), 0);  // more than half the units
-  // Its FLOPs cover the transfer's bytes at kLeadFlopsPerByte.
-  const int u = ring_lead_units(16384, 1, H, H, D, true, sms, kv_bytes(16384, H));
-  EXPECT_GE(10.0 * D * u * 16384.0 * 16385 / 2, kLeadFlopsPerByte * kv_bytes(16384, H));
-}
-
 TEST(RingPlan, CausalZigZagBalancesTheWork) {
   const int S = 4096;
   for (int N : {2, 4, 8}) {

@@ -1,8 +1,8 @@
 // Rings over two GPUs (src/ring.h): every kernel that declares partial outputs, forward and
 // backward, causal (zig-zag) and not, GQA, key padding (with an empty and a short sequence), and
 // lengths that 2N does not divide, the backward's gradients in fp32 where the kernel keeps them
-// so (with and without the own block's lead piece) and as 16-bit partials, the own block beside
-// the others on a second stream and on one stream, checked against the fp64 reference like
+// so and as 16-bit partials, the own block beside the others on a second stream and on one
+// stream, checked against the fp64 reference like
 // one-GPU runs, and compared with the same kernel on one GPU. Skipped (with the reason) where
 // fewer than two GPUs are present or the build has no NCCL.
 #include <gtest/gtest.h>
@@ -28,29 +28,24 @@ struct RingShape {
   bool causal;
   bool padding;
   bool partial_gradients;  // FLASHATTN_RING_FP32_GRADIENTS=0: the 16-bit partials where fp32 would do
-  int lead_units;          // FLASHATTN_RING_LEAD_UNITS (fp32 gradients only); -1: the ring's own choice
   bool one_stream;         // FLASHATTN_RING_SIDE_STREAM=0: every block on one stream
   const char* tag;
 };
 
-// The shapes are too short for the ring's own lead pieces (ring_plan.h): the lead's (batch, kv
-// head) units are set: kv heads of one batch element, or whole batch elements (on one stream:
-// beside the others the own block needs no lead).
 const RingShape kShapes[] = {
-    {2, 4, 4, 256, false, false, true, -1, false, "s256"},
-    {2, 4, 4, 256, false, false, false, 4, true, "s256_lead"},
-    {1, 4, 4, 301, true, false, false, 2, true, "s301_causal_lead"},  // 2N = 4 does not divide S
-    {2, 8, 2, 257, true, false, false, 2, true, "gqa8_2_s257_causal_lead"},
-    {3, 2, 2, 200, true, true, true, -1, false, "padding_causal"},
-    {3, 2, 2, 200, true, true, false, 2, true, "padding_causal_lead"},
-    {1, 2, 2, 3, true, false, false, 1, true, "s3_causal"},  // shards with empty chunks
-    // Chunks of whole 128-row blocks: dQ in the kernel's own layout where it offers one, and
-    // with it the backward's own block beside the others.
-    {1, 4, 4, 1024, true, false, false, -1, false, "s1024_causal"},
-    {1, 4, 4, 1024, true, false, false, 2, true, "s1024_causal_lead"},
-    {2, 4, 2, 512, false, false, false, -1, false, "gqa4_2_s512"},
-    {2, 4, 2, 512, false, false, false, 2, true, "gqa4_2_s512_lead"},
-    {3, 2, 2, 512, true, true, false, -1, false, "padding_causal_s512"},
+    {2, 4, 4, 256, false, false, true, false, "s256"},
+    {2, 4, 4, 256, false, false, false, false, "s256_f32"},
+    {1, 4, 4, 301, true, false, false, false, "s301_causal"},  // 2N = 4 does not divide S
+    {1, 4, 4, 301, true, false, false, true, "s301_causal_one_stream"},
+    {2, 8, 2, 257, true, false, false, false, "gqa8_2_s257_causal"},
+    {3, 2, 2, 200, true, true, true, false, "padding_causal"},
+    {3, 2, 2, 200, true, true, false, false, "padding_causal_f32"},
+    {1, 2, 2, 3, true, false, false, false, "s3_causal"},  // shards with empty chunks
+    // Chunks of whole 128-row blocks: dQ in the kernel's own layout where it offers one.
+    {1, 4, 4, 1024, true, false, false, false, "s1024_causal"},
+    {1, 4, 4, 1024, true, false, false, true, "s1024_causal_one_stream"},
+    {2, 4, 2, 512, false, false, false, false, "gqa4_2_s512"},
+    {3, 2, 2, 512, true, true, false, false, "padding_causal_s512"},
 };
 
 // An environment variable set for one shape (unset again however the shape ends).
@@ -128,7 +123,6 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     so.timing.flush_l2 = false;
     so.check = true;
     const ScopedEnv partial("FLASHATTN_RING_FP32_GRADIENTS", s.partial_gradients, "0");
-    const ScopedEnv lead("FLASHATTN_RING_LEAD_UNITS", s.lead_units >= 0, std::to_string(s.lead_units));
     const ScopedEnv streams("FLASHATTN_RING_SIDE_STREAM", s.one_stream, "0");
     Session session(std::move(in), so);
     const RunRecord r = session.run(*c.entry);
@@ -141,14 +135,11 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     for (const RingRecord::VsOneGpu& d : r.ring->vs_one_gpu)
       EXPECT_TRUE(d.passed) << d.name << " vs one GPU: " << d.metric << " " << d.measured << " > " << d.tolerance;
     EXPECT_GE(r.ring->max_abs_vs_one_gpu(), 0.0);
-    if (r.ring->gradients == "fp32" && s.lead_units > 0) {  // the lead piece ran
-      EXPECT_GT(*std::max_element(r.ring->lead_units.begin(), r.ring->lead_units.end()), 0);
-    }
-    // The forward always runs the two streams unless told not to; the backward where dQ goes
-    // into one accumulator by the kernel's reductions (hopper's fp32 gradients, whole row blocks).
+    // Two streams unless told not to: the forward always, the backward with fp32 gradients
+    // without GQA.
     if (s.one_stream) {
       EXPECT_FALSE(r.ring->side_stream);
-    } else if (c.entry->mode == Mode::Forward) {
+    } else if (c.entry->mode == Mode::Forward || (r.ring->gradients == "fp32" && s.H == s.H_kv)) {
       EXPECT_TRUE(r.ring->side_stream);
     }
     std::printf("  [ring %s %s D%d %s%s] vs one GPU: %s, max abs %.3g; scaling efficiency %.3f\n",
