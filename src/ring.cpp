@@ -107,7 +107,7 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
   }
   // Q, dO, the own K/V and two receive buffers, the workspace; the forward's running result,
   // two partial results and O; the backward's accumulators, two partial gradients, outputs.
-  const size_t ws_side = side_fwd || (backward && side_bwd) ? d.ws_bytes : 0;
+  const size_t ws_side = side_fwd ? d.ws_bytes : 0;  // side_bwd implies side_fwd
   size_t need = 2 * q_elems(len) * e + 3 * size_t(2 * kv_elems(max_kv)) * e + d.ws_bytes + ws_side;
   need += q_elems(len) * (4 + e) + B * H * len * 4 + 2 * (q_elems(q_rows) * e + B * H * q_rows * 4);
   // fp32 gradients: no dQ partials, fp32 dK/dV partials.
@@ -116,8 +116,8 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     need += q_elems(dq_rows(len)) * 4 + q_elems(len) * e + B * H * d.shard.len_b * 4 +
             2 * (dq_part_elems * e + 2 * kv_elems(k_rows) * part_es) +
             2 * size_t(2 * kv_elems(max_kv)) * 4 + 2 * kv_elems(len) * e;
-  if (backward && side_bwd) need += 2 * kv_elems(len) * 4;  // dkv_own
-  if (dq_apart()) need += q_elems(len) * 4;                 // dq_own
+  if (side_bwd) need += 2 * kv_elems(len) * 4;  // dkv_own
+  if (dq_apart()) need += q_elems(len) * 4;     // dq_own
   use(d);
   require_device_memory(entry->kernel + " (ring rank " + std::to_string(d.rank) + ")", need, d.id);
   bytes_held = std::max(bytes_held, need);

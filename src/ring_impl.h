@@ -125,7 +125,7 @@ struct Ring::Impl {
   bool side_fwd = false, side_bwd = false;
   bool side() const { return backward ? side_bwd : side_fwd; }
   bool on_side(int s) const { return side() && s >= 0 && own_step(s) == backward; }
-  cudaStream_t stream_of(const Dev& d, int s) const { return on_side(s) ? d.side : d.compute; }
+  const LaunchContext& ctx_of(const Dev& d, int s) const { return on_side(s) ? d.ctx_side : d.ctx; }
   bool dq_apart() const { return backward && side_bwd && !dq_accum; }  // the own block's dQ in dq_own
   cudaEvent_t start = nullptr;  // on rank 0
   size_t bytes_held = 0;

@@ -89,15 +89,15 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
     }
   }
   fetch_kv(0, tl);  // the backward's first shard
-  // Step s's block on its stream (stream_of), once its K/V has arrived and its partial buffers
+  // Step s's block on its stream (ctx_of), once its K/V has arrived and its partial buffers
   // were merged from (at step s - 2).
   auto compute_step = [&](Dev& d, int s) {
-    const cudaStream_t stream = stream_of(d, s);
+    const LaunchContext& ctx = ctx_of(d, s);
+    const cudaStream_t stream = ctx.stream;
     if (!own_step(s)) wait_for(d, stream, d.kv_arrived[s], tl);
     const bool uses_parts = !(backward && on_side(s));  // else the own block's own buffers
     if (s >= 2 && uses_parts) CUDA_CHECK(cudaStreamWaitEvent(stream, d.merged[s - 2], 0));
     if (!block_of(d, s).call.skip) {
-      const LaunchContext& ctx = stream == d.side ? d.ctx_side : d.ctx;
       if (backward)
         entry->bwd(block_bwd_params(d, s, s & 1), ctx);
       else
