@@ -16,11 +16,14 @@
 //                 P^T = exp2(S^T·scale·log2 e − lse_i·log2 e)  (masked on boundary blocks)
 //                 dV_j += P^T dO_i                                          (P from registers)
 //                 dS^T = P^T ∘ (dP^T − D_i);  dK_j += dS^T Q_i              (dS from registers)
-//                 dS^T -> shared memory;  dQ_i (the warpgroup's 64 x 64 piece) = dS K_j
-//                 dQ piece -> shared memory; the dQ writer thread adds it into the workspace
+//                 dS -> shared memory (stmatrix, transposing);  the warpgroup's piece of dQ_i:
+//                 D128 dQ_i^T = K_j^T dS^T (its 64 head-dim columns), D64 dQ_i = dS K_j (its 64
+//                 queries); dQ piece -> shared memory; the dQ writer thread adds it into the
+//                 accumulator
 //               dK_j·scale, dV_j -> 16-bit -> shared memory -> TMA stores (grads_f32, a ring's
 //               blocks: fp32 straight from registers to global memory)
-//   convert     dQ = scale · accumulator, un-permuted -> dtype (grads_f32: added into fp32 dQ);
+//   convert     dQ = scale · accumulator, un-permuted (16-row groups in the fragments' order,
+//               DqLayout) -> dtype (grads_f32: added into fp32 dQ);
 //               none where the caller holds the accumulator (BwdParams::dq_accum: a ring's
 //               blocks add into one, and the entry's dq_finish converts it once at the end)
 // --deterministic: the same kernels; the CTAs adding into one Q block take turns in key-block
@@ -36,11 +39,14 @@
 // Instantiations: 2 head dims x (2 dtypes x (main, convert) + the fp32 adding convert) + 2
 // preprocess = 12 kernels.
 // Order inside a step (Consumer::step): S^T and dP^T issued together; P while dP^T runs; dV
-// issued before dS is formed; after the barrier dQ before dK, so dQ's store to shared memory
-// overlaps dK's product. Two dQ buffers at D128 (one at D64, where shared memory is full).
+// issued before dS is formed; after the barrier (dV landed, P's registers freed) dQ before dK, so
+// dQ's store to shared memory overlaps dK's product. Two dQ buffers at D128 (one at D64, where
+// shared memory is full).
 // Measured 2026-11-26, H100 SXM (1980 MHz), bf16, every row --check'ed, PyTorch's cuDNN and flash
 // backends in the same run: B4 H16 S4096 D128 515 TFLOP/s, 0.91x cuDNN and 1.80x flash;
-// B4 H32 S4096 D64 398 TFLOP/s, 0.87x cuDNN and 1.50x flash (docs/PERF.md has the grid).
+// B4 H32 S4096 D64 398 TFLOP/s, 0.87x cuDNN and 1.50x flash (docs/PERF.md has the grid). Since
+// step 4 (dS by stmatrix, dQ^T), on an H200 beside cuDNN: B4 H16 S4096 D128 0.93x, causal 0.93x,
+// B4 H32 S4096 D64 0.91x; at S = 16384, under the power cap, 0.92-0.93x.
 // What limits it (Nsight Compute, B4 H16 S4096 D128): the tensor pipe busy 59 % of the cycles; the
 // two consumer warpgroups meet at a barrier every step (dQ needs both halves of dS), so their
 // exponentials and dS work coincide, and each step ends waiting for its dQ product and the
@@ -66,8 +72,6 @@
 namespace flashattn {
 namespace hopper_bwd {
 
-// Rows of the workspace per (batch, head): S_q rounded up to a multiple of every kBlockM.
-constexpr int kRowAlign = 128;
 constexpr int kPreRows = 64;  // rows per preprocess CTA, 4 threads each
 
 struct PreArgs {
@@ -145,59 +149,77 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) backward_kernel(const __grid_
 #endif
 }
 
-// One CTA per Q block of the accumulator: its two 64 x 64 pieces (hopper_bwd_tile.cuh, store_dq)
-// -> dQ rows, scaled, rounded, 4-byte stores of column pairs; or (kAdd, grads_f32) added into
-// fp32 dQ rows, 8-byte read-modify-writes.
-template <class Tr, class T, bool kAdd>
-__global__ void __launch_bounds__(256) convert_dq_kernel(const Args a, T* dq, Strides dq_st) {
-  const int mi = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const float4* src = reinterpret_cast<const float4*>(
-      a.dq_accum + dq_chunk(a, b, h, mi) * (Tr::kBlockM * Tr::kHeadDim));
-  T* out = dq + b * dq_st.batch + h * dq_st.head;
-  for (int q = threadIdx.x; q < Tr::kBlockM * Tr::kHeadDim / 4; q += blockDim.x) {
+// One CTA per 64 rows of the accumulator (four DqLayout groups) of one (batch, head), `rows` rows
+// apart, of which the groups holding rows below S_q are read: whole (16-byte loads), un-permuted
+// through shared memory, then written row by row: dQ = scale · accumulator rounded to the dtype
+// (16-byte stores of 8 columns), or (kAdd, grads_f32) added into fp32 dQ (16-byte
+// read-modify-writes).
+constexpr int kConvertRows = 64;
+template <int kHeadDim, class T, bool kAdd>
+__global__ void __launch_bounds__(256) convert_dq_kernel(const float* accum, int rows, int S_q, float scale, T* dq,
+                                                         Strides dq_st) {
+  using Layout = DqLayout<kHeadDim>;
+  constexpr int kStride = kHeadDim + 4;  // floats per row in shared memory (4: fewer bank conflicts)
+  __shared__ __align__(16) float tile[kConvertRows * kStride];
+  const int r0 = blockIdx.x * kConvertRows, h = blockIdx.y, b = blockIdx.z;
+  const int used = (S_q + kDqAccumRows - 1) / kDqAccumRows * kDqAccumRows;
+  const int n_rows = min(kConvertRows, used - r0);
+  const float4* src = reinterpret_cast<const float4*>(accum + ((static_cast<int64_t>(b) * gridDim.y + h) * rows + r0) * kHeadDim);
+  for (int q = threadIdx.x; q < n_rows * kHeadDim / 4; q += blockDim.x) {
     const float4 x = src[q];
-    // float4 q: piece q / 1024; inside it n8 tile ni of consumer thread ctid: rows (g, g + 8) of
-    // warp ctid / 32, columns ni·8 + 2t, + 1.
-    const int piece = q / 1024, rem = q % 1024, ni = rem / 128, ctid = rem % 128;
-    const int lane = ctid % 32;
-    int row = (ctid / 32) * 16 + lane / 4, col = ni * 8 + 2 * (lane % 4);
-    if (Tr::kDqSplitRows)
-      row += piece * 64;
-    else
-      col += piece * 64;
-    const int i = mi * Tr::kBlockM + row;
+    const int group = q / Layout::kGroupFloat4s;
+    const Layout l(q % Layout::kGroupFloat4s);
+    float* at = tile + (group * kDqAccumRows + l.row) * kStride + l.col;
+    const int s1 = l.step1_row * kStride + l.step1_col, s2 = l.step2_row * kStride + l.step2_col;
+    at[0] = x.x, at[s1] = x.y, at[s2] = x.z, at[s1 + s2] = x.w;
+  }
+  __syncthreads();
+  T* out = dq + b * dq_st.batch + h * dq_st.head;
+  constexpr int kChunks = kHeadDim / 8;  // 8 columns per thread and pass
+  for (int q = threadIdx.x; q < n_rows * kChunks; q += blockDim.x) {
+    const int r = q / kChunks, c = (q % kChunks) * 8, i = r0 + r;
+    if (i >= S_q) continue;
+    const float* v = tile + r * kStride + c;
+    T* o = out + i * dq_st.row + c;
     if constexpr (kAdd) {
-      for (int h = 0; h < 2; ++h) {
-        if (i + 8 * h >= a.S_q) continue;
-        float2* o = reinterpret_cast<float2*>(out + (i + 8 * h) * dq_st.row + col);
-        const float2 old = *o;
-        *o = h == 0 ? make_float2(old.x + x.x * a.scale, old.y + x.y * a.scale)
-                    : make_float2(old.x + x.z * a.scale, old.y + x.w * a.scale);
+      for (int k = 0; k < 8; k += 4) {
+        float4 y = *reinterpret_cast<const float4*>(o + k);
+        y.x += v[k] * scale, y.y += v[k + 1] * scale, y.z += v[k + 2] * scale, y.w += v[k + 3] * scale;
+        *reinterpret_cast<float4*>(o + k) = y;
       }
     } else {
-      if (i < a.S_q)
-        *reinterpret_cast<uint32_t*>(out + i * dq_st.row + col) = mma::pack2<T>(x.x * a.scale, x.y * a.scale);
-      if (i + 8 < a.S_q)
-        *reinterpret_cast<uint32_t*>(out + (i + 8) * dq_st.row + col) = mma::pack2<T>(x.z * a.scale, x.w * a.scale);
+      uint4 y;
+      y.x = mma::pack2<T>(v[0] * scale, v[1] * scale), y.y = mma::pack2<T>(v[2] * scale, v[3] * scale);
+      y.z = mma::pack2<T>(v[4] * scale, v[5] * scale), y.w = mma::pack2<T>(v[6] * scale, v[7] * scale);
+      *reinterpret_cast<uint4*>(o) = y;
     }
   }
+}
+
+template <int kHeadDim, class T, bool kAdd>
+void convert_dq(const float* accum, int rows, const BwdParams& p, T* dq, cudaStream_t stream) {
+  const dim3 grid((p.S_q + kConvertRows - 1) / kConvertRows, p.H, p.B);
+  convert_dq_kernel<kHeadDim, T, kAdd><<<grid, 256, 0, stream>>>(accum, rows, p.S_q, p.scale, dq, p.dq_st);
+  CHECK_LAUNCH("hopper_bwd convert_dq_kernel");
 }
 
 // ---- host side ------------------------------------------------------------------------------------
 
 namespace {
 
-int padded_rows(int S_q) { return (S_q + kRowAlign - 1) / kRowAlign * kRowAlign; }
+// Rows of the workspace per (batch, head): S_q rounded up to whole steps.
+int padded_rows(int S_q, int step) { return (S_q + step - 1) / step * step; }
 
 // Workspace: the dQ accumulator [B, H, S_pad, D] fp32, then lse·log2 e and D_i [B, H, S_pad],
-// then the deterministic path's counters [B, H, S_pad / 64] (zeroed whether used or not).
+// then the deterministic path's counters [B, H, S_pad / kBlockM] (zeroed whether used or not).
 struct Workspace {
   size_t accum = 0, stats = 0, sems = 0;
   explicit Workspace(const BwdParams& p) {
-    const size_t rows = static_cast<size_t>(p.B) * p.H * padded_rows(p.S_q);
+    const int step = p.D == 64 ? TraitsFor<64>::type::kBlockM : TraitsFor<128>::type::kBlockM;
+    const size_t rows = static_cast<size_t>(p.B) * p.H * padded_rows(p.S_q, step);
     accum = rows * p.D * sizeof(float);
     stats = rows * sizeof(float);
-    sems = rows / 64 * sizeof(int);
+    sems = rows / step * sizeof(int);
   }
   size_t total() const { return accum + 2 * stats + sems; }
 };
@@ -231,9 +253,9 @@ void launch(const BwdParams& p, const LaunchContext& ctx) {
   a.H = p.H;
   a.group = p.H / p.H_kv;
   a.S_q = p.S_q;
-  a.S_pad = padded_rows(p.S_q);
-  a.dq_chunks = (own_accum ? a.S_pad : p.dq_accum_rows) / Tr::kBlockM;
-  a.dq_chunk0 = own_accum ? 0 : p.dq_accum_row0 / Tr::kBlockM;
+  a.S_pad = padded_rows(p.S_q, Tr::kBlockM);
+  a.dq_rows = own_accum ? a.S_pad : p.dq_accum_rows;
+  a.dq_row0 = own_accum ? 0 : p.dq_accum_row0;
   a.scale = p.scale;
   a.scale_log2 = p.scale_log2;
   a.vis = make_visibility(p);
@@ -248,7 +270,7 @@ void launch(const BwdParams& p, const LaunchContext& ctx) {
   pre.lse = static_cast<const float*>(p.lse);
   pre.lse2 = lse2, pre.dsum = dsum;
   pre.H = p.H, pre.S_q = p.S_q, pre.S_pad = a.S_pad, pre.D = p.D;
-  preprocess_kernel<T><<<dim3(a.S_pad / kPreRows, p.H, p.B), 4 * kPreRows, 0, ctx.stream>>>(pre);
+  preprocess_kernel<T><<<dim3((a.S_pad + kPreRows - 1) / kPreRows, p.H, p.B), 4 * kPreRows, 0, ctx.stream>>>(pre);
   CHECK_LAUNCH("hopper_bwd preprocess_kernel");
 
   auto kernel = &backward_kernel<Tr, kBf16>;
@@ -261,12 +283,10 @@ void launch(const BwdParams& p, const LaunchContext& ctx) {
   CHECK_LAUNCH("hopper_bwd backward_kernel");
 
   if (!own_accum) return;  // the caller's dq_finish writes it out
-  const dim3 convert_grid(a.S_pad / Tr::kBlockM, p.H, p.B);
   if (p.grads_f32)
-    convert_dq_kernel<Tr, float, true><<<convert_grid, 256, 0, ctx.stream>>>(a, static_cast<float*>(p.dq), p.dq_st);
+    convert_dq<Tr::kHeadDim, float, true>(a.dq_accum, a.S_pad, p, static_cast<float*>(p.dq), ctx.stream);
   else
-    convert_dq_kernel<Tr, T, false><<<convert_grid, 256, 0, ctx.stream>>>(a, static_cast<T*>(p.dq), p.dq_st);
-  CHECK_LAUNCH("hopper_bwd convert_dq_kernel");
+    convert_dq<Tr::kHeadDim, T, false>(a.dq_accum, a.S_pad, p, static_cast<T*>(p.dq), ctx.stream);
 }
 
 // Head dims with a variant of their own, and those handed to the mma backward.
@@ -274,27 +294,21 @@ using OwnHeadDims = HeadDims<64, 128>;
 using FallbackHeadDims = HeadDims<32, 96, 256>;
 
 // dq_finish: a caller's accumulator (BwdParams::dq_accum, dq_accum_rows per (batch, head)) ->
-// dQ in the dtype, scaled: the convert kernel over the caller's chunks.
-template <bool kBf16, class Tr>
+// dQ in the dtype, scaled.
+template <bool kBf16, int kHeadDim>
 void finish(const BwdParams& p, const LaunchContext& ctx) {
   using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
-  Args a;
-  a.dq_accum = p.dq_accum;
-  a.dq_chunks = p.dq_accum_rows / Tr::kBlockM;
-  a.H = p.H, a.S_q = p.S_q, a.S_pad = p.dq_accum_rows;
-  a.scale = p.scale;
-  convert_dq_kernel<Tr, T, false><<<dim3(a.dq_chunks, p.H, p.B), 256, 0, ctx.stream>>>(a, static_cast<T*>(p.dq), p.dq_st);
-  CHECK_LAUNCH("hopper_bwd convert_dq_kernel (dq_finish)");
+  convert_dq<kHeadDim, T, false>(p.dq_accum, p.dq_accum_rows, p, static_cast<T*>(p.dq), ctx.stream);
 }
 
 template <bool kBf16, bool kFinish = false>
 void dispatch_head_dim(const BwdParams& p, const LaunchContext& ctx) {
   OwnHeadDims::dispatch(p.D, "hopper backward", [&](auto kD) {
-    using Tr = typename TraitsFor<decltype(kD)::value>::type;
+    constexpr int D = decltype(kD)::value;
     if constexpr (kFinish)
-      finish<kBf16, Tr>(p, ctx);
+      finish<kBf16, D>(p, ctx);
     else
-      launch<kBf16, Tr>(p, ctx);
+      launch<kBf16, typename TraitsFor<D>::type>(p, ctx);
   });
 }
 
@@ -331,11 +345,10 @@ void run(const BwdParams& p, const LaunchContext& ctx) {
       !strides_multiple_of(p.dq_st, 8))
     throw RuntimeError("hopper backward: tensors must be 16-byte aligned with strides a multiple of 8 elements");
   if (p.lse == nullptr) throw RuntimeError("hopper backward: needs the forward's lse");
-  static_assert(kRowAlign == kDqAccumRows, "the caller's dQ accumulator rows are the workspace's");
   if (p.dq_accum != nullptr && (!p.grads_f32 || p.dq_accum_rows % kDqAccumRows || p.dq_accum_row0 % kDqAccumRows ||
-                                p.dq_accum_row0 + padded_rows(p.S_q) > p.dq_accum_rows))
+                                int64_t(p.dq_accum_row0) + p.S_q + kDqAccumSpare > p.dq_accum_rows))
     throw RuntimeError("hopper backward: dq_accum needs grads_f32, rows and a first row in multiples of " +
-                       std::to_string(kDqAccumRows) + " and room for S_q rows");
+                       std::to_string(kDqAccumRows) + " and room for S_q + " + std::to_string(kDqAccumSpare) + " rows");
   if (p.workspace == nullptr || p.workspace_bytes < Workspace(p).total())
     throw RuntimeError("hopper backward: workspace smaller than its workspace function asked for");
   switch (p.dtype) {
@@ -349,7 +362,7 @@ void dq_finish(const BwdParams& p, const LaunchContext& ctx) {
   if (static_cast<int64_t>(p.B) * p.H * p.S_q == 0) return;
   if (p.dq_accum == nullptr || p.dq_accum_rows % kDqAccumRows || p.dq_accum_rows < p.S_q || !OwnHeadDims::declares(p.D))
     throw RuntimeError("hopper backward: dq_finish needs an accumulator of whole " + std::to_string(kDqAccumRows) +
-                       "-row blocks covering S_q, at head dim 64 or 128");
+                       "-row groups covering S_q, at head dim 64 or 128");
   if (!aligned16(p.dq) || !strides_multiple_of(p.dq_st, 8))
     throw RuntimeError("hopper backward: dq must be 16-byte aligned with strides a multiple of 8 elements");
   switch (p.dtype) {

@@ -326,7 +326,7 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
   }
   s.f32_grads = s.backward && e.fp32_gradients != nullptr && e.fp32_gradients(ring_block_bwd(s.prob, 1, 1, RingCall{}, {}));
   s.f32_grads = env_switch("FLASHATTN_RING_FP32_GRADIENTS", s.f32_grads);
-  // dQ in the kernel's own layout (ring_impl.h), where every block starts on a whole row block.
+  // dQ in the kernel's own layout (ring_impl.h), where every block starts on a whole row group.
   s.dq_accum = s.f32_grads && e.dq_finish != nullptr;
   for (const Impl::Dev& d : s.devs)
     for (const Impl::Block& blk : d.blocks) s.dq_accum = s.dq_accum && blk.call.q_row0 % kDqAccumRows == 0;

@@ -104,10 +104,12 @@ struct Ring::Impl {
   bool f32_grads = false;
   // ... and adds dQ into dq_acc in its own layout (KernelMode::dq_finish; BwdParams::dq_accum):
   // no dQ pass per block, one at the end. Where every block's first row is a multiple of
-  // kDqAccumRows (the zig-zag's second chunk starts at the chunk length); FLASHATTN_RING_DQ_ACCUM=0
-  // turns it off (the ablation).
+  // kDqAccumRows (the zig-zag's second chunk starts at the chunk length), with kDqAccumSpare rows
+  // of room past the shard; FLASHATTN_RING_DQ_ACCUM=0 turns it off (the ablation).
   bool dq_accum = false;
-  int dq_rows(int len) const { return dq_accum ? (len + kDqAccumRows - 1) / kDqAccumRows * kDqAccumRows : len; }
+  int dq_rows(int len) const {
+    return dq_accum ? (len + kDqAccumRows - 1) / kDqAccumRows * kDqAccumRows + kDqAccumSpare : len;
+  }
   // Two kernel streams: the own block on one, the others' blocks on the other, so neither waits
   // for the other's last CTAs (a kernel's last wave leaves SMs idle that the other's CTAs take)
   // and the backward's own block fills the wait for the first K/V shard. The stream that must

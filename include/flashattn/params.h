@@ -86,13 +86,16 @@ struct BwdParams : FwdParams {
   // With grads_f32, for a kernel whose entry has dq_finish: dQ is added, unscaled, into the
   // caller's accumulator in the kernel's own layout instead of into dq (which is then unused):
   // dq_accum holds, per (batch, head), dq_accum_rows rows, and the call's query row 0 is its row
-  // dq_accum_row0 (both multiples of kDqAccumRows; row0 + S_q rounded up to kDqAccumRows fits).
-  // The caller zeroes it once; the entry's dq_finish writes the sum out.
+  // dq_accum_row0 (both multiples of kDqAccumRows), with kDqAccumSpare rows of room past the
+  // call's S_q (dq_accum_row0 + S_q + kDqAccumSpare <= dq_accum_rows): the kernel adds whole steps
+  // of rows, zeros past S_q, which may fall on another call's rows. The caller zeroes it once; the
+  // entry's dq_finish writes the sum out.
   float* dq_accum = nullptr;
   int dq_accum_rows = 0, dq_accum_row0 = 0;
 };
 
-constexpr int kDqAccumRows = 128;
+constexpr int kDqAccumRows = 16;    // rows of a layout group of the dQ accumulator
+constexpr int kDqAccumSpare = 128;  // the longest step of rows a kernel adds at once
 
 // Decode: one step of autoregressive attention against a KV cache (data/README.md, "Decode").
 // Batch element b holds cache_seqlens[b] tokens. The step appends S_new tokens (k_new, v_new) at

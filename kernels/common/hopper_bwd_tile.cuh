@@ -15,6 +15,7 @@
 #include "common/mma_sm80.cuh"
 #include "common/sm90.cuh"
 #include "common/sm90_wgmma_ops.cuh"
+#include "flashattn/params.h"
 
 namespace flashattn {
 namespace hopper_bwd {
@@ -23,10 +24,10 @@ namespace hopper_bwd {
 // 64 of them (wgmma's M), with dK and dV of those keys (64 x D fp32 each) in its registers for the
 // whole kernel. A step is one block of kBlockM queries of one query head of the group.
 //   D = 128: kBlockM = 64. Registers per consumer thread: dK 64 + dV 64 + S^T 32 + dP^T 32, under
-//            the 240 that setmaxnreg grants. dQ (64 x 128) is split by columns: each warpgroup
-//            computes 64 of the 128 (wgmma N = 64).
+//            the 240 that setmaxnreg grants. dQ is formed transposed, dQ^T = K^T dS^T (wgmma M =
+//            64 head-dim columns per warpgroup, N = 64 queries).
 //   D = 64:  kBlockM = 128 (dK + dV are only 64 registers, so S^T and dP^T can be 64 x 128):
-//            dQ (128 x 64) is split by rows.
+//            dQ = dS K, warpgroup w the queries 64w .. 64w + 63.
 template <int kHeadDim_, int kBlockM_>
 struct Traits {
   static constexpr int kHeadDim = kHeadDim_;
@@ -45,14 +46,15 @@ struct Traits {
   static constexpr int kPanelBytesK = kBlockN * 128;
   static constexpr int kTileKBytes = kPanels * kPanelBytesK;  // K, V: (kBlockN, kHeadDim)
   static constexpr int kStatBytes = kBlockM * 4;               // lse·log2 e or D_i of a step
-  // dS^T as (kBlockN keys, kBlockM queries), 64-query panels: the A operand of dQ = dS K, read
-  // MN-major. Two buffers, so one warpgroup can write step t+1's while the other still reads t's.
-  static constexpr int kDsPanelBytes = kBlockN * 128;
-  static constexpr int kDsBytes = (kBlockM / 64) * kDsPanelBytes;
-  // dQ of a step in fp32, the two warpgroups' 64 x 64 pieces one after the other, each in the
-  // accumulator's register order (DqPiece below): what the copy engine adds into the workspace.
+  // dS as (kBlockM queries, kBlockN keys) in two 64-key panels (warpgroup w writes panel w, its
+  // keys, transposed from its dS^T registers): dQ's K-major operand over the keys. Two buffers, so
+  // one warpgroup can write step t+1's while the other still reads t's.
+  static constexpr int kDsPanelBytes = kBlockM * 128;
+  static constexpr int kDsBytes = (kBlockN / 64) * kDsPanelBytes;
+  // dQ of a step in fp32, in the accumulator's layout (DqLayout): what the copy engine adds into it.
   static constexpr int kDqBytes = kBlockM * kHeadDim * 4;
-  static constexpr bool kDqSplitRows = kBlockM == 128;  // else split by columns
+  static constexpr bool kDqTransposed = kHeadDim == 128;  // dQ^T = K^T dS^T; else dQ = dS K
+  static constexpr int kDqTiles = kDqTransposed ? kBlockM / 8 : kHeadDim / 8;  // n8 tiles of a dQ accumulator
   static constexpr int kMTiles = kBlockM / 8;   // n8 tiles of S^T per warp (columns are queries)
   static constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of dK, dV per warp
 
@@ -60,14 +62,15 @@ struct Traits {
   static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages + 2 * 2);
   static constexpr int kBaseBytes = 1024 /* alignment slack */ + 2 * kTileKBytes + 2 * kStages * kTileQBytes +
                                     2 * kStages * kStatBytes + 2 * kDsBytes + kDqBytes + kBarrierBytes;
-  // A second dQ buffer where it fits (D128: 226 KB; D64's 128-row dS buffers leave no room), so
+  // A second dQ buffer where it fits (D128: 226 KB; D64's 128-query dS buffers leave no room), so
   // the consumers need not wait for the copy engine to have read the previous step's dQ.
   static constexpr int kDqBuffers = kBaseBytes + kDqBytes <= 227 * 1024 ? 2 : 1;
   static constexpr int kSmemBytes = kBaseBytes + (kDqBuffers - 1) * kDqBytes;
 
   static_assert(kHeadDim % 64 == 0, "whole 128-byte panels");
-  static_assert(kDqSplitRows ? kHeadDim == 64 : (kBlockM == 64 && kHeadDim == 128),
-                "each warpgroup's dQ piece is 64 x 64");
+  static_assert(kDqTransposed ? kHeadDim == 128 && kBlockM % 16 == 0 && kBlockM <= 128 : (kHeadDim == 64 && kBlockM == 128),
+                "dQ^T's warpgroup piece is 64 x kBlockM (D128); dQ's is 64 x 64 (D64)");
+  static_assert(kBlockM % kDqAccumRows == 0 && kBlockM <= kDqAccumSpare, "whole row groups of the dQ accumulator");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory a CTA may opt in to on the H100");
 };
 
@@ -75,17 +78,43 @@ template <int kHeadDim> struct TraitsFor;
 template <> struct TraitsFor<64> { using type = Traits<64, 128>; };
 template <> struct TraitsFor<128> { using type = Traits<128, 64>; };
 
+// The dQ accumulator's layout (the workspace's and a caller's, BwdParams::dq_accum): fp32 rows of
+// kHeadDim per (batch, head), in groups of kDqAccumRows = 16 rows; inside a group the 16 x kHeadDim
+// floats lie in the order the consumers' dQ fragments give them (16-byte stores without bank
+// conflicts), so any step height that is a multiple of 16 writes whole groups. Float4 f of a group
+// holds (row, col), then (row, col) + step1, + step2, + step1 + step2.
+//   D128 (dQ^T fragments; f = ((4·w + warp)·2 + ni % 2)·32 + lane for tile ni of warp `warp` of
+//        warpgroup w): col = 16·(4w + warp) + lane / 4, row = 8·(ni % 2) + 2·(lane % 4); step1 is
+//        the next row, step2 eight columns on.
+//   D64  (dQ fragments of warpgroup w's queries; f = ni·32 + lane in group 4w + warp):
+//        row = lane / 4, col = 8·ni + 2·(lane % 4); step1 the next column, step2 eight rows on.
+template <int kHeadDim>
+struct DqLayout {
+  static constexpr int kGroupFloat4s = kDqAccumRows * kHeadDim / 4;
+  int row, col, step1_row, step1_col, step2_row, step2_col;
+  __device__ explicit DqLayout(int f) {
+    const int lane = f % 32, u = f / 32;
+    if constexpr (kHeadDim == 128) {
+      col = 16 * (u / 2) + lane / 4, row = 8 * (u % 2) + 2 * (lane % 4);
+      step1_row = 1, step1_col = 0, step2_row = 0, step2_col = 8;
+    } else {
+      row = lane / 4, col = 8 * u + 2 * (lane % 4);
+      step1_row = 0, step1_col = 1, step2_row = 8, step2_col = 0;
+    }
+  }
+};
+
 struct Args {
   CUtensorMap tm_q, tm_do;   // (D, S_q, H, B), boxes of (64, kBlockM)
   CUtensorMap tm_k, tm_v;    // (D, S_k, H_kv, B), boxes of (64, kBlockN)
   CUtensorMap tm_dk, tm_dv;  // (D, S_k, H_kv, B), boxes of (64, 64): one warpgroup's keys
   const float* lse2 = nullptr;  // [B, H, S_pad]: lse·log2 e, +inf for empty rows and rows >= S_q
   const float* dsum = nullptr;  // [B, H, S_pad]: D_i = rowsum(dO ∘ O), 0 for rows >= S_q
-  // [B, H, dq_chunks] chunks of kBlockM x D fp32 (dq_chunk) in the consumers' register order
-  // (Consumer::store_dq), Q block mi at chunk dq_chunk0 + mi of its (batch, head): the workspace's
-  // (dq_chunks = S_pad / kBlockM, zeroed by the launch), or the caller's (BwdParams::dq_accum).
+  // [B, H, dq_rows, D] fp32 in DqLayout, the call's query row 0 at row dq_row0 of its (batch,
+  // head): the workspace's (dq_rows = S_pad, zeroed by the launch), or the caller's
+  // (BwdParams::dq_accum).
   float* dq_accum = nullptr;
-  int dq_chunks = 0, dq_chunk0 = 0;
+  int dq_rows = 0, dq_row0 = 0;
   // --deterministic: [B, H, S_pad / kBlockM] counters (zeroed by the launch), null otherwise.
   int* dq_sem = nullptr;
   // BwdParams::grads_f32: dK and dV stored by the consumers in fp32 at these strides (floats),
@@ -158,15 +187,16 @@ struct Smem {
 
 // Places in the workspace for (batch b, query head h): the first of its S_pad rows of lse·log2 e
 // and D_i; Q block mi's deterministic counter (chunks = S_pad / kBlockM, the Q blocks per (batch,
-// head)); and the index of its dQ chunk in the accumulator.
+// head)); and the first float of query row m0's group in the dQ accumulator.
 __device__ __forceinline__ int64_t stats_row(const Args& a, int b, int h) {
   return (static_cast<int64_t>(b) * a.H + h) * a.S_pad;
 }
 __device__ __forceinline__ int64_t q_block_index(const Args& a, int b, int h, int mi, int chunks) {
   return (static_cast<int64_t>(b) * a.H + h) * chunks + mi;
 }
-__device__ __forceinline__ int64_t dq_chunk(const Args& a, int b, int h, int mi) {
-  return (static_cast<int64_t>(b) * a.H + h) * a.dq_chunks + a.dq_chunk0 + mi;
+template <class Tr>
+__device__ __forceinline__ int64_t dq_offset(const Args& a, int b, int h, int m0) {
+  return ((static_cast<int64_t>(b) * a.H + h) * a.dq_rows + a.dq_row0 + m0) * Tr::kHeadDim;
 }
 
 // The producer: one thread issues every copy. K and V once; then per step Q with lse·log2 e and
@@ -211,7 +241,6 @@ __device__ __forceinline__ void write_dq(const Args& a, const Smem<Tr>& sm, cons
   const int chunks = a.S_pad / Tr::kBlockM;
   for (int t = 0; t < st.total; ++t) {
     const int h = st.kv_head * a.group + st.head(t), mi = st.m_block(t);
-    const int64_t chunk = dq_chunk(a, st.b, h, mi);
     const int slot = sm.dq_slot(t);
     sm90::mbar_wait(sm.dq_full(slot), sm.dq_parity(t));
     int* sem = a.dq_sem != nullptr ? a.dq_sem + q_block_index(a, st.b, h, mi, chunks) : nullptr;
@@ -227,7 +256,7 @@ __device__ __forceinline__ void write_dq(const Args& a, const Smem<Tr>& sm, cons
         if (++spins > (1ll << 25)) __trap();
       }
     }
-    sm90::bulk_reduce_add_f32(a.dq_accum + chunk * (Tr::kBlockM * Tr::kHeadDim), sm.dq_buf(slot), Tr::kDqBytes);
+    sm90::bulk_reduce_add_f32(a.dq_accum + dq_offset<Tr>(a, st.b, h, mi * Tr::kBlockM), sm.dq_buf(slot), Tr::kDqBytes);
     sm90::tma_store_commit();
     if (sem != nullptr) {
       sm90::tma_store_wait_all();
@@ -247,7 +276,8 @@ struct Consumer {
   using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   using MmaS = sm90::Wgmma<Tr::kBlockM, kBf16>;   // S^T, dP^T: (64 keys, kBlockM queries)
   using MmaKV = sm90::Wgmma<Tr::kHeadDim, kBf16>; // dV, dK: (64 keys, kHeadDim)
-  using MmaQ = sm90::Wgmma<64, kBf16>;            // dQ piece: (64, 64)
+  using MmaQ = sm90::Wgmma<Tr::kDqTransposed ? Tr::kBlockM : 64, kBf16>;  // dQ^T (64, kBlockM) or dQ (64, 64)
+  using DqAcc = float[Tr::kDqTiles][4];
   using Scores = float[Tr::kMTiles][4];
   using Packed = uint32_t[Tr::kMTiles][2];  // 16-bit pairs: the A fragments over the queries
 
@@ -291,16 +321,23 @@ struct Consumer {
     }
   }
 
-  // This warpgroup's 64 x 64 piece of dQ = dS K over the CTA's 128 keys: dS^T (keys x queries)
-  // and K (keys x D) both read MN-major, k16 steps over the keys.
-  __device__ __forceinline__ void issue_dq(float (&acc)[8][4], uint32_t ds_tile) const {
-    const uint32_t a_base = ds_tile + (Tr::kDqSplitRows ? cw * Tr::kDsPanelBytes : 0);
-    const uint32_t b_base = sm.k + (Tr::kDqSplitRows ? 0 : cw * Tr::kPanelBytesK);
+  // This warpgroup's piece of dQ over the CTA's 128 keys, k16 steps over the keys; dS is K-major
+  // (kBlockM query rows of 64-key panels), K is read MN-major ([keys][D] panels).
+  //   D128: dQ^T (head-dim columns 64w .. 64w + 63, all kBlockM queries) = K_w^T dS^T.
+  //   D64:  dQ (queries 64w .. 64w + 63, all 64 head-dim columns) = dS_w K.
+  __device__ __forceinline__ void issue_dq(DqAcc& acc, uint32_t ds_tile) const {
 #pragma unroll
     for (int kk = 0; kk < Tr::kBlockN / 16; ++kk) {
-      const uint64_t da = sm90::make_desc(a_base + kk * 2048, Tr::kDsPanelBytes, 1024);
-      const uint64_t db = sm90::make_desc(b_base + kk * 2048, Tr::kPanelBytesK, 1024);
-      MmaQ::ss_mn(acc, da, db, kk > 0 ? 1 : 0);
+      const uint32_t ds_k = ds_tile + (kk / 4) * Tr::kDsPanelBytes + (kk % 4) * 32;
+      if constexpr (Tr::kDqTransposed) {
+        const uint64_t da = sm90::make_desc(sm.k + cw * Tr::kPanelBytesK + kk * 2048, Tr::kPanelBytesK, 1024);
+        const uint64_t db = sm90::make_desc(ds_k, 16, 1024);
+        MmaQ::ss_ta(acc, da, db, kk > 0 ? 1 : 0);
+      } else {
+        const uint64_t da = sm90::make_desc(ds_k + cw * 64 * 128, 16, 1024);
+        const uint64_t db = sm90::make_desc(sm.k + kk * 2048, Tr::kPanelBytesK, 1024);
+        MmaQ::ss_tb(acc, da, db, kk > 0 ? 1 : 0);
+      }
     }
   }
 
@@ -341,6 +378,17 @@ struct Consumer {
       for (int e = 0; e < 4; ++e) rdP[ni][e] = rP[ni][e] * (rdP[ni][e] - ((e & 1) ? d[ni].y : d[ni].x));
   }
 
+  // The same, packed to 16 bits as it goes, D_i read tile by tile: where the step's D_i (kMTiles
+  // float2) does not fit beside S^T, dP^T, P and the gradients (D64's 128-query steps).
+  __device__ __forceinline__ void dscores_packed(const Scores& rdP, const Scores& rP, int s, Packed& out) const {
+#pragma unroll
+    for (int ni = 0; ni < Tr::kMTiles; ++ni) {
+      const float2 d = sm90::ld_shared_f32x2(sm.dsum_stage(s) + (ni * 8 + 2 * (lane % 4)) * 4);
+      out[ni][0] = mma::pack2<T>(rP[ni][0] * (rdP[ni][0] - d.x), rP[ni][1] * (rdP[ni][1] - d.y));
+      out[ni][1] = mma::pack2<T>(rP[ni][2] * (rdP[ni][2] - d.x), rP[ni][3] * (rdP[ni][3] - d.y));
+    }
+  }
+
   __device__ __forceinline__ static void pack(const Scores& x, Packed& out) {
 #pragma unroll
     for (int ni = 0; ni < Tr::kMTiles; ++ni) {
@@ -349,30 +397,37 @@ struct Consumer {
     }
   }
 
-  // dS^T (16-bit) -> this warpgroup's 64 key rows of the dS buffer, swizzled as TMA would: query
-  // column c of key row r sits in panel c / 64, 16-byte chunk (c % 64) / 8 ^ (r % 8).
+  // dS^T (16-bit; this warp's 16 keys x kBlockM queries) -> dS, transposed by stmatrix: query q's
+  // keys of this warp as two 16-byte chunks (2·warp, + 1) of row q of the warpgroup's key panel,
+  // swizzled as TMA would. One stmatrix per two n8 tiles: matrices (ni, keys 0-7), (ni, keys 8-15),
+  // (ni + 1, keys 0-7), (ni + 1, keys 8-15), lane 8m + i addressing query row i of matrix m.
   __device__ __forceinline__ void store_ds(const Packed& rdS, uint32_t ds_tile) const {
+    static_assert(Tr::kMTiles % 2 == 0, "n8 tiles in pairs");
+    const int m = lane / 8, chunk = 2 * warp + m % 2;
+    const uint32_t panel = ds_tile + cw * Tr::kDsPanelBytes;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = cw * 64 + warp * 16 + r * 8 + lane / 4;
-#pragma unroll
-      for (int ni = 0; ni < Tr::kMTiles; ++ni) {
-        const uint32_t addr = ds_tile + (ni / 8) * Tr::kDsPanelBytes + sm90::swizzled_offset(row, ni % 8, lane % 4);
-        sm90::st_shared_32(addr, rdS[ni][r]);
-      }
+    for (int ni = 0; ni < Tr::kMTiles; ni += 2) {
+      const int q = (ni + m / 2) * 8 + lane % 8;
+      sm90::stmatrix_x4_trans(panel + sm90::swizzled_offset(q, chunk, 0), rdS[ni][0], rdS[ni][1], rdS[ni + 1][0],
+                              rdS[ni + 1][1]);
     }
   }
 
-  // dQ piece -> the dQ buffer in register order (float4 ni of thread ctid at piece + ni·2048 +
-  // ctid·16 bytes: conflict-free 16-byte stores), published to the dQ writer, one arrival per warp.
-  // Publishing is publish_dq, later: the async-proxy fence waits for the stores to complete.
-  __device__ __forceinline__ void store_dq(const float (&rdQ)[8][4], int t) const {
+  // This warpgroup's dQ piece -> the dQ buffer in the accumulator's layout (DqLayout: float4 ni of
+  // a warp's fragments at one of 32 consecutive 16-byte slots, conflict-free), published to the dQ
+  // writer, one arrival per warp. Publishing is publish_dq, later: the async-proxy fence waits for
+  // the stores to complete.
+  __device__ __forceinline__ void store_dq(const DqAcc& rdQ, int t) const {
     const int slot = sm.dq_slot(t);
     sm90::mbar_wait(sm.dq_empty(slot), sm.dq_parity(t) ^ 1);
-    const uint32_t piece = sm.dq_buf(slot) + cw * (64 * 64 * 4);
+    constexpr int kGroupBytes = kDqAccumRows * Tr::kHeadDim * 4;
+    const uint32_t buf = sm.dq_buf(slot) + lane * 16;
 #pragma unroll
-    for (int ni = 0; ni < 8; ++ni)
-      sm90::st_shared_f32x4(piece + ni * 2048 + ctid * 16, rdQ[ni][0], rdQ[ni][1], rdQ[ni][2], rdQ[ni][3]);
+    for (int ni = 0; ni < Tr::kDqTiles; ++ni) {
+      const uint32_t f = Tr::kDqTransposed ? (ni / 2) * kGroupBytes + (((4 * cw + warp) * 2 + ni % 2) * 32) * 16
+                                           : (4 * cw + warp) * kGroupBytes + ni * 32 * 16;
+      sm90::st_shared_f32x4(buf + f, rdQ[ni][0], rdQ[ni][1], rdQ[ni][2], rdQ[ni][3]);
+    }
   }
   __device__ __forceinline__ void publish_dq(int t) const {
     sm90::fence_proxy_async();  // each thread's stores, before the warp's arrival publishes them
@@ -407,23 +462,32 @@ struct Consumer {
     sm90::wgmma_fence();
     issue_grad(rdV, rP, sm.do_stage(s));  // dV_j += P^T dO_i   (while dP may still run)
     sm90::wgmma_commit();
-    Dsum dsum;
     // D_i read before the wait for dP, which the loads cannot cross, so their latency hides behind
-    // it; at D64 (32 registers of D_i) there is no room, and they follow it.
-    if constexpr (Tr::kMTiles <= 8) load_dsum(dsum, s);
-    sm90::wgmma_wait<1>();
-    sm90::fence_regs(rdP);
-    if constexpr (Tr::kMTiles > 8) load_dsum(dsum, s);
-    dscores(rdP, rS, dsum);
+    // it; at D64 there is no room, and they follow it, tile by tile.
     Packed rdS;
-    pack(rdP, rdS);
+    if constexpr (Tr::kMTiles <= 8) {
+      Dsum dsum;
+      load_dsum(dsum, s);
+      sm90::wgmma_wait<1>();
+      sm90::fence_regs(rdP);
+      dscores(rdP, rS, dsum);
+      pack(rdP, rdS);
+    } else {
+      sm90::wgmma_wait<1>();
+      sm90::fence_regs(rdP);
+      dscores_packed(rdP, rS, s, rdS);
+    }
     const uint32_t ds_tile = sm.ds_buf(t);
     store_ds(rdS, ds_tile);
     sm90::fence_proxy_async();
-    sm90::named_sync(/*id=*/1, /*threads=*/256);  // both warpgroups' dS^T rows are in shared memory
-    float rdQ[8][4];
+    sm90::named_sync(/*id=*/1, /*threads=*/256);  // both warpgroups' halves of dS are in shared memory
+    // dV has landed long since (issued before dS was formed): P's registers are free for dQ's.
+    sm90::wgmma_wait<0>();
+    sm90::fence_regs(rdV);
+    sm90::fence_regs(rP);
+    DqAcc rdQ;
     sm90::wgmma_fence();
-    issue_dq(rdQ, ds_tile);  // dQ_i (piece) = dS K_j
+    issue_dq(rdQ, ds_tile);  // dQ_i (piece) = dS K_j, transposed at D128
     sm90::wgmma_commit();
     issue_grad(rdK, rdS, sm.q_stage(s));  // dK_j += dS^T Q_i
     sm90::wgmma_commit();
@@ -434,8 +498,6 @@ struct Consumer {
     store_dq(rdQ, t);
     sm90::wgmma_wait<0>();
     sm90::fence_regs(rdK);
-    sm90::fence_regs(rdV);
-    sm90::fence_regs(rP);
     sm90::fence_regs(rdS);
     publish_dq(t);
     release(sm.empty_qdo(s));

@@ -214,6 +214,14 @@ __device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
 __device__ __forceinline__ void st_shared_f32x4(uint32_t addr, float a, float b, float c, float d) {
   asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 }
+// Four 8 x 8 16-bit matrices, each held as the mma.sync fragment (lane l: row l / 4, columns
+// 2·(l % 4), + 1 in register m for matrix m), stored transposed: lane 8m + i gives the address of
+// row i of matrix m's transpose (16 contiguous bytes: column i of the fragment).
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
 __device__ __forceinline__ uint32_t ld_shared_32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");

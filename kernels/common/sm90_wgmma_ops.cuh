@@ -4,8 +4,8 @@
 //   ss: A and B from shared memory (descriptors); B K-major (imm-trans-b = 0).
 //   rs: A from registers (4 x .b32 per thread, the mma.sync A fragment), B from shared memory
 //       through a descriptor, transposed (imm-trans-b = 1: B stored MN-major, e.g. V [keys][D]).
-//   ss_mn: A and B from shared memory, both MN-major (imm-trans-a = imm-trans-b = 1: A stored
-//       [K][M], e.g. dS^T as [keys][queries]; B stored [K][N], e.g. K as [keys][D]).
+//   ss_ta: A MN-major (imm-trans-a = 1: A stored [K][M], e.g. K as [keys][D] for A = K^T), B K-major.
+//   ss_tb: A K-major, B MN-major (imm-trans-b = 1: B stored [K][N], e.g. K as [keys][D]).
 // d is the accumulator as N/8 n8 tiles of 4 floats (the mma.sync C layout per warp of 16 rows).
 // scale_d = 0 overwrites d (first k-step), 1 accumulates.
 #pragma once
@@ -29,10 +29,20 @@ template <> struct Wgmma<64, BF> { \
           "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) \
         : "l"(desc_a), "l"(desc_b), "r"(scale_d)); \
   } \
-  __device__ __forceinline__ static void ss_mn(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, int scale_d) { \
+  __device__ __forceinline__ static void ss_ta(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, int scale_d) { \
     asm volatile( \
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1;\n}\n" \
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 0;\n}\n" \
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
+          "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
+          "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) \
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d)); \
+  } \
+  __device__ __forceinline__ static void ss_tb(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, int scale_d) { \
+    asm volatile( \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 1;\n}\n" \
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), \
           "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), \
           "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), \

@@ -125,10 +125,10 @@ TEST_P(HopperFp32Gradients, RoundToTheDtypePath) {
   expect_rounds_to(download_f32(dk32, nk), 0.f, download_bf16(dk, nk), "dK");
   expect_rounds_to(download_f32(dv32, nk), 0.f, download_bf16(dv, nk), "dV");
 
-  // The caller's accumulator: rows [row0, row0 + S_q rounded up) of `rows` per (batch, head).
+  // The caller's accumulator: rows [row0, row0 + S_q + kDqAccumSpare) of `rows` per (batch, head).
   ASSERT_NE(bwd->dq_finish, nullptr);
-  const int row0 = kDqAccumRows, row_end = row0 + (d.S_q + kDqAccumRows - 1) / kDqAccumRows * kDqAccumRows;
-  const int rows = row_end + kDqAccumRows;
+  const int row0 = kDqAccumRows, row_end = row0 + d.S_q + kDqAccumSpare;
+  const int rows = (row_end + kDqAccumRows - 1) / kDqAccumRows * kDqAccumRows + kDqAccumRows;
   const int64_t n_acc = int64_t(d.B) * d.H * rows * d.D;
   DeviceBuffer acc(n_acc * 4), dq_fin(nq * 2);
   CUDA_CHECK(cudaMemset(acc.get(), 0, n_acc * 4));
@@ -142,7 +142,8 @@ TEST_P(HopperFp32Gradients, RoundToTheDtypePath) {
   CUDA_CHECK(cudaStreamSynchronize(stream));
   const std::vector<float> want = download_bf16(dq, nq), got = download_bf16(dq_fin, nq), a = download_f32(acc, n_acc);
   for (int64_t i = 0; i < nq; ++i) ASSERT_EQ(got[i], want[i]) << "dQ from the caller's accumulator, element " << i;
-  // The call's own row blocks are in the kernel's order (not row-major); every other row is untouched.
+  // The call's rows are in the kernel's layout (not row-major), and it may add zeros up to
+  // kDqAccumSpare rows past them; every other row is untouched.
   for (int64_t bh = 0; bh < int64_t(d.B) * d.H; ++bh)
     for (int r = 0; r < rows; ++r) {
       if (r >= row0 && r < row_end) continue;

@@ -41,7 +41,8 @@ const RingShape kShapes[] = {
     {3, 2, 2, 200, true, true, true, false, "padding_causal"},
     {3, 2, 2, 200, true, true, false, false, "padding_causal_f32"},
     {1, 2, 2, 3, true, false, false, false, "s3_causal"},  // shards with empty chunks
-    // Chunks of whole 128-row blocks: dQ in the kernel's own layout where it offers one.
+    // Chunks of whole 16-row groups: dQ in the kernel's own layout where it offers one (so is s256
+    // above, whose chunks are 64 rows).
     {1, 4, 4, 1024, true, false, false, false, "s1024_causal"},
     {1, 4, 4, 1024, true, false, false, true, "s1024_causal_one_stream"},
     {2, 4, 2, 512, false, false, false, false, "gqa4_2_s512"},
