@@ -332,11 +332,11 @@ struct Consumer {
       if constexpr (Tr::kDqTransposed) {
         const uint64_t da = sm90::make_desc(sm.k + cw * Tr::kPanelBytesK + kk * 2048, Tr::kPanelBytesK, 1024);
         const uint64_t db = sm90::make_desc(ds_k, 16, 1024);
-        MmaQ::ss_ta(acc, da, db, kk > 0 ? 1 : 0);
+        MmaQ::template ss<1, 0>(acc, da, db, kk > 0 ? 1 : 0);  // A MN-major
       } else {
         const uint64_t da = sm90::make_desc(ds_k + cw * 64 * 128, 16, 1024);
         const uint64_t db = sm90::make_desc(sm.k + kk * 2048, Tr::kPanelBytesK, 1024);
-        MmaQ::ss_tb(acc, da, db, kk > 0 ? 1 : 0);
+        MmaQ::template ss<0, 1>(acc, da, db, kk > 0 ? 1 : 0);  // B MN-major
       }
     }
   }
