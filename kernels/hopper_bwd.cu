@@ -16,10 +16,10 @@
 //                 P^T = exp2(S^T·scale·log2 e − lse_i·log2 e)  (masked on boundary blocks)
 //                 dV_j += P^T dO_i                                          (P from registers)
 //                 dS^T = P^T ∘ (dP^T − D_i);  dK_j += dS^T Q_i              (dS from registers)
-//                 dS -> shared memory (stmatrix, transposing);  the warpgroup's piece of dQ_i:
-//                 D128 dQ_i^T = K_j^T dS^T (its 64 head-dim columns), D64 dQ_i = dS K_j (its 64
-//                 queries); dQ piece -> shared memory; the dQ writer thread adds it into the
-//                 accumulator
+//                 dS -> shared memory (stmatrix, transposing);  dQ_i = dS K_j over the block's
+//                 128 keys: D128 by warpgroup 2 alone (all 64 queries) while warpgroup 1 goes
+//                 on to the next Q block, D64 by both (64 queries each); dQ -> shared memory;
+//                 the dQ writer thread adds it into the accumulator
 //               dK_j·scale, dV_j -> 16-bit -> shared memory -> TMA stores (grads_f32, a ring's
 //               blocks: fp32 straight from registers to global memory)
 //   convert     dQ = scale · accumulator, un-permuted (16-row groups in the fragments' order,
@@ -39,18 +39,21 @@
 // Instantiations: 2 head dims x (2 dtypes x (main, convert) + the fp32 adding convert) + 2
 // preprocess = 12 kernels.
 // Order inside a step (Consumer::step): S^T and dP^T issued together; P while dP^T runs; dV
-// issued before dS is formed; after the barrier (dV landed, P's registers freed) dQ before dK, so
-// dQ's store to shared memory overlaps dK's product. Two dQ buffers at D128 (one at D64, where
-// shared memory is full).
+// issued before dS is formed. D128: dK issued from dS's registers while dS is stored, then the
+// two warpgroups meet; warpgroup 2 issues dQ (one 64 x 128 product, its accumulator in the
+// registers of S^T and dP^T), meets warpgroup 1 again so that warpgroup 1's next products queue
+// behind it, and stores it; warpgroup 1 runs ahead into the next step meanwhile, so the two
+// warpgroups' exponentials and dS work no longer coincide (cuDNN's backward has this shape:
+// docs/PERF.md, step 5). D64: after the barrier (dV landed) each warpgroup issues its dQ half
+// before dK, so dQ's store to shared memory overlaps dK's product. Two dQ buffers at D128 (one at
+// D64, where shared memory is full).
 // Measured 2026-11-26, H100 SXM (1980 MHz), bf16, every row --check'ed, PyTorch's cuDNN and flash
 // backends in the same run: B4 H16 S4096 D128 515 TFLOP/s, 0.91x cuDNN and 1.80x flash;
 // B4 H32 S4096 D64 398 TFLOP/s, 0.87x cuDNN and 1.50x flash (docs/PERF.md has the grid). Since
 // step 4 (dS by stmatrix, dQ^T), on an H200 beside cuDNN: B4 H16 S4096 D128 0.93x, causal 0.93x,
-// B4 H32 S4096 D64 0.91x; at S = 16384, under the power cap, 0.92-0.93x.
-// What limits it (Nsight Compute, B4 H16 S4096 D128): the tensor pipe busy 59 % of the cycles; the
-// two consumer warpgroups meet at a barrier every step (dQ needs both halves of dS), so their
-// exponentials and dS work coincide, and each step ends waiting for its dQ product and the
-// async-proxy fence of the dQ stores.
+// B4 H32 S4096 D64 0.91x; at S = 16384, under the power cap, 0.92-0.93x. Step 5 (dQ by one
+// warpgroup, the warpgroup index made warp-uniform for the compiler): D128 5-6 % faster.
+// What limits it: docs/PERF.md (step 5 sets our kernel's profile beside cuDNN's backward).
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -110,7 +113,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) backward_kernel(const __grid_
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) unsigned char smem[];
   const Smem<Tr> sm(sm90::smem_u32(smem));
-  const int tid = threadIdx.x, wg = tid / 128;
+  // The warpgroup index broadcast from lane 0, so the compiler knows it is the same across a warp
+  // (branches on it stay uniform).
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0);
   const Steps<Tr> st(a, blockIdx.x, blockIdx.y, blockIdx.z);
 
   if (tid == 0) {
@@ -121,7 +126,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) backward_kernel(const __grid_
       sm90::mbar_init(sm.empty_qdo(s), Tr::kConsumerWGs * 4);  // one arrival per consumer warp
     }
     for (int b = 0; b < Tr::kDqBuffers; ++b) {
-      sm90::mbar_init(sm.dq_full(b), Tr::kConsumerWGs * 4);  // one arrival per consumer warp
+      sm90::mbar_init(sm.dq_full(b), Tr::kDqWarps);  // one arrival per warp that stores dQ
       sm90::mbar_init(sm.dq_empty(b), 1);
     }
     sm90::fence_barrier_init();

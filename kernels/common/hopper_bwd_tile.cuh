@@ -24,10 +24,13 @@ namespace hopper_bwd {
 // 64 of them (wgmma's M), with dK and dV of those keys (64 x D fp32 each) in its registers for the
 // whole kernel. A step is one block of kBlockM queries of one query head of the group.
 //   D = 128: kBlockM = 64. Registers per consumer thread: dK 64 + dV 64 + S^T 32 + dP^T 32, under
-//            the 240 that setmaxnreg grants. dQ is formed transposed, dQ^T = K^T dS^T (wgmma M =
-//            64 head-dim columns per warpgroup, N = 64 queries).
+//            the 240 that setmaxnreg grants. dQ = dS K (64 queries x 128 head-dim columns, over the
+//            CTA's 128 keys) is formed by consumer warpgroup 1 alone, once its dK and dV have
+//            landed (its 64 accumulator registers take the place of S^T's and dP^T's); consumer
+//            warpgroup 0 goes on to the next step meanwhile, so its products fill the tensor pipe
+//            under warpgroup 1's dQ.
 //   D = 64:  kBlockM = 128 (dK + dV are only 64 registers, so S^T and dP^T can be 64 x 128):
-//            dQ = dS K, warpgroup w the queries 64w .. 64w + 63.
+//            dQ = dS K, each warpgroup 64 of the queries (64w .. 64w + 63).
 template <int kHeadDim_, int kBlockM_>
 struct Traits {
   static constexpr int kHeadDim = kHeadDim_;
@@ -53,8 +56,9 @@ struct Traits {
   static constexpr int kDsBytes = (kBlockN / 64) * kDsPanelBytes;
   // dQ of a step in fp32, in the accumulator's layout (DqLayout): what the copy engine adds into it.
   static constexpr int kDqBytes = kBlockM * kHeadDim * 4;
-  static constexpr bool kDqTransposed = kHeadDim == 128;  // dQ^T = K^T dS^T; else dQ = dS K
-  static constexpr int kDqTiles = kDqTransposed ? kBlockM / 8 : kHeadDim / 8;  // n8 tiles of a dQ accumulator
+  static constexpr bool kDqOneWG = kHeadDim == 128;  // dQ by consumer warpgroup 1 alone; else half each
+  static constexpr int kDqWarps = kDqOneWG ? 4 : 4 * kConsumerWGs;  // warps that store a step's dQ
+  static constexpr int kDqTiles = kHeadDim / 8;  // n8 tiles of a dQ accumulator (64 queries)
   static constexpr int kMTiles = kBlockM / 8;   // n8 tiles of S^T per warp (columns are queries)
   static constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of dK, dV per warp
 
@@ -68,8 +72,8 @@ struct Traits {
   static constexpr int kSmemBytes = kBaseBytes + (kDqBuffers - 1) * kDqBytes;
 
   static_assert(kHeadDim % 64 == 0, "whole 128-byte panels");
-  static_assert(kDqTransposed ? kHeadDim == 128 && kBlockM % 16 == 0 && kBlockM <= 128 : (kHeadDim == 64 && kBlockM == 128),
-                "dQ^T's warpgroup piece is 64 x kBlockM (D128); dQ's is 64 x 64 (D64)");
+  static_assert(kDqOneWG ? kBlockM == 64 : kBlockM == 64 * kConsumerWGs,
+                "a warpgroup's dQ accumulator holds 64 queries (wgmma's M)");
   static_assert(kBlockM % kDqAccumRows == 0 && kBlockM <= kDqAccumSpare, "whole row groups of the dQ accumulator");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory a CTA may opt in to on the H100");
 };
@@ -80,27 +84,18 @@ template <> struct TraitsFor<128> { using type = Traits<128, 64>; };
 
 // The dQ accumulator's layout (the workspace's and a caller's, BwdParams::dq_accum): fp32 rows of
 // kHeadDim per (batch, head), in groups of kDqAccumRows = 16 rows; inside a group the 16 x kHeadDim
-// floats lie in the order the consumers' dQ fragments give them (16-byte stores without bank
-// conflicts), so any step height that is a multiple of 16 writes whole groups. Float4 f of a group
-// holds (row, col), then (row, col) + step1, + step2, + step1 + step2.
-//   D128 (dQ^T fragments; f = ((4·w + warp)·2 + ni % 2)·32 + lane for tile ni of warp `warp` of
-//        warpgroup w): col = 16·(4w + warp) + lane / 4, row = 8·(ni % 2) + 2·(lane % 4); step1 is
-//        the next row, step2 eight columns on.
-//   D64  (dQ fragments of warpgroup w's queries; f = ni·32 + lane in group 4w + warp):
-//        row = lane / 4, col = 8·ni + 2·(lane % 4); step1 the next column, step2 eight rows on.
+// floats lie in the order one warp's dQ fragments give them (16-byte stores without bank
+// conflicts), so any step height that is a multiple of 16 writes whole groups. Float4 f = ni·32 +
+// lane of a group (n8 tile ni of the warp's 16 queries) holds (row, col) = (lane / 4, 8·ni +
+// 2·(lane % 4)), then the next column (+ step1), the row eight on (+ step2), and both.
 template <int kHeadDim>
 struct DqLayout {
   static constexpr int kGroupFloat4s = kDqAccumRows * kHeadDim / 4;
-  int row, col, step1_row, step1_col, step2_row, step2_col;
+  static constexpr int step1_row = 0, step1_col = 1, step2_row = 8, step2_col = 0;
+  int row, col;
   __device__ explicit DqLayout(int f) {
-    const int lane = f % 32, u = f / 32;
-    if constexpr (kHeadDim == 128) {
-      col = 16 * (u / 2) + lane / 4, row = 8 * (u % 2) + 2 * (lane % 4);
-      step1_row = 1, step1_col = 0, step2_row = 0, step2_col = 8;
-    } else {
-      row = lane / 4, col = 8 * u + 2 * (lane % 4);
-      step1_row = 0, step1_col = 1, step2_row = 8, step2_col = 0;
-    }
+    const int lane = f % 32, ni = f / 32;
+    row = lane / 4, col = 8 * ni + 2 * (lane % 4);
   }
 };
 
@@ -276,7 +271,7 @@ struct Consumer {
   using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   using MmaS = sm90::Wgmma<Tr::kBlockM, kBf16>;   // S^T, dP^T: (64 keys, kBlockM queries)
   using MmaKV = sm90::Wgmma<Tr::kHeadDim, kBf16>; // dV, dK: (64 keys, kHeadDim)
-  using MmaQ = sm90::Wgmma<Tr::kDqTransposed ? Tr::kBlockM : 64, kBf16>;  // dQ^T (64, kBlockM) or dQ (64, 64)
+  using MmaQ = sm90::Wgmma<Tr::kHeadDim, kBf16>;  // dQ: (64 queries, kHeadDim)
   using DqAcc = float[Tr::kDqTiles][4];
   using Scores = float[Tr::kMTiles][4];
   using Packed = uint32_t[Tr::kMTiles][2];  // 16-bit pairs: the A fragments over the queries
@@ -321,23 +316,16 @@ struct Consumer {
     }
   }
 
-  // This warpgroup's piece of dQ over the CTA's 128 keys, k16 steps over the keys; dS is K-major
-  // (kBlockM query rows of 64-key panels), K is read MN-major ([keys][D] panels).
-  //   D128: dQ^T (head-dim columns 64w .. 64w + 63, all kBlockM queries) = K_w^T dS^T.
-  //   D64:  dQ (queries 64w .. 64w + 63, all 64 head-dim columns) = dS_w K.
+  // dQ = dS K over the CTA's 128 keys for 64 queries (all of them at D128, 64w .. 64w + 63 at
+  // D64), all head-dim columns; k16 steps over the keys. dS is K-major (query rows of 64-key
+  // panels), K is read MN-major ([keys][D] panels, LBO one panel).
   __device__ __forceinline__ void issue_dq(DqAcc& acc, uint32_t ds_tile) const {
+    const uint32_t rows = Tr::kDqOneWG ? 0 : cw * 64 * 128;
 #pragma unroll
     for (int kk = 0; kk < Tr::kBlockN / 16; ++kk) {
-      const uint32_t ds_k = ds_tile + (kk / 4) * Tr::kDsPanelBytes + (kk % 4) * 32;
-      if constexpr (Tr::kDqTransposed) {
-        const uint64_t da = sm90::make_desc(sm.k + cw * Tr::kPanelBytesK + kk * 2048, Tr::kPanelBytesK, 1024);
-        const uint64_t db = sm90::make_desc(ds_k, 16, 1024);
-        MmaQ::template ss<1, 0>(acc, da, db, kk > 0 ? 1 : 0);  // A MN-major
-      } else {
-        const uint64_t da = sm90::make_desc(ds_k + cw * 64 * 128, 16, 1024);
-        const uint64_t db = sm90::make_desc(sm.k + kk * 2048, Tr::kPanelBytesK, 1024);
-        MmaQ::template ss<0, 1>(acc, da, db, kk > 0 ? 1 : 0);  // B MN-major
-      }
+      const uint64_t da = sm90::make_desc(ds_tile + rows + (kk / 4) * Tr::kDsPanelBytes + (kk % 4) * 32, 16, 1024);
+      const uint64_t db = sm90::make_desc(sm.k + kk * 2048, Tr::kPanelBytesK, 1024);
+      MmaQ::template ss<0, 1>(acc, da, db, kk > 0 ? 1 : 0);  // B MN-major
     }
   }
 
@@ -413,21 +401,19 @@ struct Consumer {
     }
   }
 
-  // This warpgroup's dQ piece -> the dQ buffer in the accumulator's layout (DqLayout: float4 ni of
-  // a warp's fragments at one of 32 consecutive 16-byte slots, conflict-free), published to the dQ
-  // writer, one arrival per warp. Publishing is publish_dq, later: the async-proxy fence waits for
-  // the stores to complete.
+  // This warpgroup's dQ -> the dQ buffer of step t (free: wait_dq_buffer) in the accumulator's
+  // layout (DqLayout: each warp's 16 queries one group, float4 ni of its fragments at one of 32
+  // consecutive 16-byte slots, conflict-free), published to the dQ writer, one arrival per warp.
+  // Publishing is publish_dq, later: the async-proxy fence waits for the stores to complete.
+  __device__ __forceinline__ void wait_dq_buffer(int t) const {
+    sm90::mbar_wait(sm.dq_empty(sm.dq_slot(t)), sm.dq_parity(t) ^ 1);
+  }
   __device__ __forceinline__ void store_dq(const DqAcc& rdQ, int t) const {
-    const int slot = sm.dq_slot(t);
-    sm90::mbar_wait(sm.dq_empty(slot), sm.dq_parity(t) ^ 1);
     constexpr int kGroupBytes = kDqAccumRows * Tr::kHeadDim * 4;
-    const uint32_t buf = sm.dq_buf(slot) + lane * 16;
+    const int group = (Tr::kDqOneWG ? 0 : 4 * cw) + warp;
+    const uint32_t buf = sm.dq_buf(sm.dq_slot(t)) + group * kGroupBytes + lane * 16;
 #pragma unroll
-    for (int ni = 0; ni < Tr::kDqTiles; ++ni) {
-      const uint32_t f = Tr::kDqTransposed ? (ni / 2) * kGroupBytes + (((4 * cw + warp) * 2 + ni % 2) * 32) * 16
-                                           : (4 * cw + warp) * kGroupBytes + ni * 32 * 16;
-      sm90::st_shared_f32x4(buf + f, rdQ[ni][0], rdQ[ni][1], rdQ[ni][2], rdQ[ni][3]);
-    }
+    for (int ni = 0; ni < Tr::kDqTiles; ++ni) sm90::st_shared_f32x4(buf + ni * 32 * 16, rdQ[ni][0], rdQ[ni][1], rdQ[ni][2], rdQ[ni][3]);
   }
   __device__ __forceinline__ void publish_dq(int t) const {
     sm90::fence_proxy_async();  // each thread's stores, before the warp's arrival publishes them
@@ -478,6 +464,7 @@ struct Consumer {
       dscores_packed(rdP, rS, s, rdS);
     }
     const uint32_t ds_tile = sm.ds_buf(t);
+    if constexpr (Tr::kDqOneWG) return finish_one_wg_dq(rP, rdS, ds_tile, t);
     store_ds(rdS, ds_tile);
     sm90::fence_proxy_async();
     sm90::named_sync(/*id=*/1, /*threads=*/256);  // both warpgroups' halves of dS are in shared memory
@@ -487,7 +474,7 @@ struct Consumer {
     sm90::fence_regs(rP);
     DqAcc rdQ;
     sm90::wgmma_fence();
-    issue_dq(rdQ, ds_tile);  // dQ_i (piece) = dS K_j, transposed at D128
+    issue_dq(rdQ, ds_tile);  // dQ_i (this warpgroup's queries) = dS K_j
     sm90::wgmma_commit();
     issue_grad(rdK, rdS, sm.q_stage(s));  // dK_j += dS^T Q_i
     sm90::wgmma_commit();
@@ -495,12 +482,49 @@ struct Consumer {
     // the stores have too, so the fence that publishes them costs little.
     sm90::wgmma_wait<1>();
     sm90::fence_regs(rdQ);
+    wait_dq_buffer(t);
     store_dq(rdQ, t);
     sm90::wgmma_wait<0>();
     sm90::fence_regs(rdK);
     sm90::fence_regs(rdS);
     publish_dq(t);
     release(sm.empty_qdo(s));
+  }
+
+  // The rest of a step where warpgroup 1 forms dQ alone (D128): dK issued from dS's registers
+  // while dS is stored; once dV and dK have landed the stage is released and both warpgroups meet
+  // (dS whole in shared memory). Warpgroup 1 issues dQ (its accumulator in the registers S^T and
+  // dP^T held) and meets warpgroup 0 once more, so that warpgroup 0's next products queue behind
+  // dQ on the tensor pipe, then stores dQ for the dQ writer; warpgroup 0 goes on to its next step.
+  // The two dS buffers make that safe: warpgroup 0 writes this step's buffer again two steps on,
+  // after the next first meeting, which warpgroup 1 reaches only once this dQ has landed.
+  __device__ __forceinline__ void finish_one_wg_dq(Packed& rP, Packed& rdS, uint32_t ds_tile, int t) {
+    sm90::wgmma_fence();
+    issue_grad(rdK, rdS, sm.q_stage(t % Tr::kStages));  // dK_j += dS^T Q_i
+    sm90::wgmma_commit();
+    store_ds(rdS, ds_tile);
+    sm90::fence_proxy_async();
+    sm90::wgmma_wait<0>();
+    sm90::fence_regs(rdV);
+    sm90::fence_regs(rdK);
+    sm90::fence_regs(rP);
+    sm90::fence_regs(rdS);
+    release(sm.empty_qdo(t % Tr::kStages));
+    sm90::named_sync(/*id=*/1, /*threads=*/256);  // both warpgroups' halves of dS are in shared memory
+    if (cw == 0) {
+      sm90::named_sync(/*id=*/4, /*threads=*/256);  // dQ issued
+      return;
+    }
+    DqAcc rdQ;
+    sm90::wgmma_fence();
+    issue_dq(rdQ, ds_tile);  // dQ_i = dS K_j
+    sm90::wgmma_commit();
+    wait_dq_buffer(t);
+    sm90::named_sync(/*id=*/4, /*threads=*/256);  // dQ issued
+    sm90::wgmma_wait<0>();
+    sm90::fence_regs(rdQ);
+    store_dq(rdQ, t);
+    publish_dq(t);
   }
 
   // dK (x scale) and dV -> 16-bit -> this warpgroup's staging tiles (the Q/dO ring, idle now) ->
