@@ -413,7 +413,8 @@ struct Consumer {
     const int group = (Tr::kDqOneWG ? 0 : 4 * cw) + warp;
     const uint32_t buf = sm.dq_buf(sm.dq_slot(t)) + group * kGroupBytes + lane * 16;
 #pragma unroll
-    for (int ni = 0; ni < Tr::kDqTiles; ++ni) sm90::st_shared_f32x4(buf + ni * 32 * 16, rdQ[ni][0], rdQ[ni][1], rdQ[ni][2], rdQ[ni][3]);
+    for (int ni = 0; ni < Tr::kDqTiles; ++ni)
+      sm90::st_shared_f32x4(buf + ni * 32 * 16, rdQ[ni][0], rdQ[ni][1], rdQ[ni][2], rdQ[ni][3]);
   }
   __device__ __forceinline__ void publish_dq(int t) const {
     sm90::fence_proxy_async();  // each thread's stores, before the warp's arrival publishes them
