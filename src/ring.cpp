@@ -105,11 +105,14 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     if (backward && entry->bwd_workspace) d.ws_bytes = std::max(d.ws_bytes, entry->bwd_workspace(block_bwd_params(d, s, 0)));
     if (fwd_entry->fwd_workspace) d.ws_bytes = std::max(d.ws_bytes, fwd_entry->fwd_workspace(block_params(d, s, 0)));
   }
-  // Q, dO, the own K/V and two receive buffers, the workspace; the forward's running result,
-  // two partial results and O; the backward's accumulators, two partial gradients, outputs.
+  // Q, dO, the own K/V and two receive buffers, the workspace; the forward's running result
+  // (none where the blocks merge in place), the partial results (steps 1, 3, ... in the second,
+  // steps 2, 4, ... in the first; the own block writes O and lse) and O; the backward's
+  // accumulators, two partial gradients, outputs.
   const size_t ws_side = side_fwd ? d.ws_bytes : 0;  // side_bwd implies side_fwd
+  const size_t acc_es = merges_in_place(d) ? 0 : 4, parts = n() > 2 ? 2 : 1;
   size_t need = 2 * q_elems(len) * e + 3 * size_t(2 * kv_elems(max_kv)) * e + d.ws_bytes + ws_side;
-  need += q_elems(len) * (4 + e) + B * H * len * 4 + 2 * (q_elems(q_rows) * e + B * H * q_rows * 4);
+  need += q_elems(len) * (acc_es + e) + B * H * len * 4 + parts * (q_elems(q_rows) * e + B * H * q_rows * 4);
   // fp32 gradients: no dQ partials, fp32 dK/dV partials.
   const size_t dq_part_elems = f32_grads ? 0 : q_elems(q_rows), part_es = f32_grads ? 4 : e;
   if (backward)
@@ -131,9 +134,9 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     }
   }
   for (DeviceBuffer& b : d.kv) b = DeviceBuffer(2 * kv_elems(max_kv) * e);
-  d.o_acc = DeviceBuffer(q_elems(len) * 4);
+  d.o_acc = DeviceBuffer(q_elems(len) * acc_es);
   d.lse = DeviceBuffer(B * H * len * 4);
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 2 - int(parts); i < 2; ++i) {
     d.o_part[i] = DeviceBuffer(q_elems(q_rows) * e);
     d.lse_part[i] = DeviceBuffer(B * H * q_rows * 4);
   }

@@ -3,9 +3,9 @@
 // travel around the ring (ncclSend/ncclRecv on a communication stream per GPU, double-buffered, so
 // the next shard arrives while the current one is computed). Any registered kernel that declares
 // `partial_outputs` computes the blocks:
-//   forward   the own shard first; each step's block gives O_p and lse_p, merged into an fp32
-//             running result (ring_ops.h) on a third stream while the next block computes; the
-//             last merge writes O in the dtype.
+//   forward   the own shard first, its block writing O and lse; each later block gives O_p and
+//             lse_p, merged in (ring_ops.h) on a third stream while the next block computes: in
+//             place on two GPUs, else through an fp32 running result whose last merge writes O.
 //   backward  the own shard last; each step's block runs the kernel's backward against the
 //             merged O and lse; dQ accumulates locally in fp32, the fp32 dK/dV accumulators
 //             travel with the K/V shards and end at their owner with its own block.

@@ -71,8 +71,9 @@ struct Ring::Impl {
     // Inputs: Q, dO [B, H, len, D]; the own K/V shard and two receive buffers, each K then V
     // ([B, H_kv, len_src, D] each), sized for the longest shard.
     DeviceBuffer q, dout, kv_own, kv[2];
-    // Forward: the running result (fp32), two blocks' partial results (one being merged while
-    // the next is computed), the outputs.
+    // Forward: the running result (fp32; none where the blocks merge in place), two blocks'
+    // partial results (one being merged while the next is computed; the own block writes the
+    // outputs), the outputs.
     DeviceBuffer o_acc, lse, o_part[2], lse_part[2], o;
     // Backward: lse of the second chunk's rows (contiguous), dQ's accumulator, two blocks'
     // gradients (dQ; dK then dV), the travelling dK/dV accumulators (fp32, dK then dV), outputs.
@@ -171,8 +172,9 @@ struct Ring::Impl {
     RingBlockBuffers b;
     b.q = d.q.get();
     b.kv = kv_buffer(d, s).get();
-    b.o_part = d.o_part[part].get();
-    b.lse_part = d.lse_part[part].get();
+    const bool into_outputs = !backward && own_step(s);  // the forward's own block: all the rows
+    b.o_part = (into_outputs ? d.o : d.o_part[part]).get();
+    b.lse_part = (into_outputs ? d.lse : d.lse_part[part]).get();
     b.seqlens = static_cast<const int32_t*>(blk.seqlens.get());
     b.workspace = (on_side(s) ? d.ws_side : d.ws).get();
     b.workspace_bytes = d.ws_bytes;
@@ -255,6 +257,14 @@ struct Ring::Impl {
     return last;
   }
 
+  // The forward's other blocks merge straight into the own block's outputs: at most one block
+  // besides the own one (two GPUs, or a ring whose other shards are empty).
+  bool merges_in_place(const Dev& d) const {
+    int others = 0;
+    for (int s = 1; s < n(); ++s) others += d.blocks[src_of(d.rank, s)].call.skip ? 0 : 1;
+    return others <= 1;
+  }
+
   void enqueue(cudaStream_t stream0, bool flush, Timeline* tl);
 
   int max_len() const {
@@ -263,8 +273,8 @@ struct Ring::Impl {
     return m;
   }
 
-  // Forward, on the merge stream: the first block becomes the running result, the last one is
-  // merged and the output written in the dtype in the same pass, the others are merged.
+  // Forward, on the merge stream: the blocks after the own one merged into the outputs (in place,
+  // or through the fp32 running result).
   void merge_step(Dev& d, int s);
 
   // Backward, on the merge stream: dQ into its accumulator, dK/dV into the travelling one (which

@@ -176,23 +176,24 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
   for (Dev& d : devs) CUDA_CHECK(cudaStreamWaitEvent(stream0, d.done, 0));
 }
 
-// Forward, on the merge stream: the first block becomes the running result, the last one is
-// merged and the output written in the dtype in the same pass, the others are merged.
+// Forward, on the merge stream. The own block (step 0) wrote the outputs O and lse itself. Where
+// one other block follows it (two GPUs), that block is merged into them in place; else O goes to
+// the fp32 running result, the blocks between are merged into it, and the last one is merged and
+// the output written in the dtype in the same pass.
 void Ring::Impl::merge_step(Dev& d, int s) {
   const RingCall& c = d.blocks[src_of(d.rank, s)].call;
   const int len = d.shard.len(), last = last_block(d);
-  if (c.skip || last < 0) return;
+  if (c.skip || last <= 0) return;
   const int B = dims().B, H = dims().H, D = dims().D;
   const void* o_part = d.o_part[s & 1].get();
   const float* lse_part = static_cast<const float*>(d.lse_part[s & 1].get());
   float* o_acc = static_cast<float*>(d.o_acc.get());
   float* lse = static_cast<float*>(d.lse.get());
-  if (s == 0 && last == 0) {  // the only block: it is the result
-    CUDA_CHECK(cudaMemcpyAsync(d.o.get(), o_part, q_elems(len) * es(), cudaMemcpyDeviceToDevice, d.merge));
-    CUDA_CHECK(cudaMemcpyAsync(lse, lse_part, size_t(B) * H * len * sizeof(float), cudaMemcpyDeviceToDevice,
-                               d.merge));
-  } else if (s == 0) {  // the own block covers every row of the shard
-    ring_merge_first(prob.dtype, o_part, lse_part, o_acc, lse, int64_t(B) * H * len, D, d.merge);
+  if (merges_in_place(d)) {
+    if (s > 0)
+      ring_merge_in_place(prob.dtype, o_part, lse_part, d.o.get(), lse, B, H, c.q_rows, c.q_row0, len, D, d.merge);
+  } else if (s == 0) {
+    ring_merge_first(prob.dtype, d.o.get(), lse, o_acc, lse, int64_t(B) * H * len, D, d.merge);
   } else if (s == last) {
     ring_merge_last(prob.dtype, o_part, lse_part, o_acc, lse, d.o.get(), B, H, c.q_rows, c.q_row0, len, D, d.merge);
   } else {

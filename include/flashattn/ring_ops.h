@@ -22,8 +22,14 @@ namespace flashattn {
 void ring_merge_block(DType t, const void* o_part, const float* lse_part, float* o_acc, float* lse_acc, int B, int H,
                       int rows, int row0, int S_loc, int D, cudaStream_t stream);
 
+// The same, in place in the dtype: rows [row0, row0 + rows) of `o` ([B, H, S_loc, D], the dtype)
+// and `lse` take in the block, the other rows are left as they are. For a ring whose shard sees
+// one block after the own one: the own block's output is the running result, no fp32 copy.
+void ring_merge_in_place(DType t, const void* o_part, const float* lse_part, void* o, float* lse, int B, int H,
+                         int rows, int row0, int S_loc, int D, cudaStream_t stream);
+
 // The first block of a shard (all its rows): o_acc = O_p in fp32, lse_acc = lse_p (no fill and
-// merge before it).
+// merge before it; lse_acc may be lse_part itself).
 void ring_merge_first(DType t, const void* o_part, const float* lse_part, float* o_acc, float* lse_acc,
                       int64_t n_rows, int D, cudaStream_t stream);
 

@@ -87,16 +87,33 @@ __device__ __forceinline__ void merge_into(Pack<float, V>& a, const T* part, flo
   for (int k = 0; k < V; ++k) a.v[k] = wa * a.v[k] + wp * to_float(p.v[k]);
 }
 
-template <class T, int V>
-__global__ void merge_kernel(const T* o_part, const float* lse_part, float* o_acc, const float* lse_acc, int rows,
+// V elements as floats, and back to the accumulator's type A (fp32, or the dtype in place).
+template <int V, class A>
+__device__ __forceinline__ Pack<float, V> load_floats(const A* p) {
+  const Pack<A, V> x = load<V>(p);
+  Pack<float, V> y;
+#pragma unroll
+  for (int k = 0; k < V; ++k) y.v[k] = to_float(x.v[k]);
+  return y;
+}
+template <int V, class A>
+__device__ __forceinline__ void store_floats(A* p, const Pack<float, V>& x) {
+  Pack<A, V> y;
+#pragma unroll
+  for (int k = 0; k < V; ++k) y.v[k] = from_float<A>(x.v[k]);
+  store<V>(p, y);
+}
+
+template <class T, class A, int V>
+__global__ void merge_kernel(const T* o_part, const float* lse_part, A* o_acc, const float* lse_acc, int rows,
                              int row0, int S_loc, int D, int64_t pairs) {
   const RowThread t = row_thread<V>(rows, D);
   if (!t.valid) return;
   for (int64_t bh = blockIdx.y; bh < pairs; bh += gridDim.y) {
     const int64_t prow = bh * rows + t.i, arow = bh * S_loc + row0 + t.i;
-    Pack<float, V> a = load<V>(o_acc + arow * D + t.d);
+    Pack<float, V> a = load_floats<V>(o_acc + arow * D + t.d);
     merge_into(a, o_part + prow * D + t.d, lse_acc[arow], lse_part[prow]);
-    store<V>(o_acc + arow * D + t.d, a);
+    store_floats<V>(o_acc + arow * D + t.d, a);
   }
 }
 
@@ -196,20 +213,37 @@ __global__ void lse_rows_kernel(const float* lse, float* dst, int rows, int row0
 
 }  // namespace
 
-void ring_merge_block(DType t, const void* o_part, const float* lse_part, float* o_acc, float* lse_acc, int B, int H,
-                      int rows, int row0, int S_loc, int D, cudaStream_t stream) {
+namespace {
+
+// Rows [row0, row0 + rows) of (o_acc, lse_acc) take in the block; o_acc's elements are A.
+template <class A>
+void merge_rows(DType t, const void* o_part, const float* lse_part, void* o_acc, float* lse_acc, int B, int H,
+                int rows, int row0, int S_loc, int D, cudaStream_t stream) {
   const int64_t pairs = int64_t(B) * H, n_rows = pairs * rows;
   if (n_rows * D == 0) return;
   DTYPE_SWITCH(t, T, [&] {
-    const bool vec = D % kVec == 0 && aligned(o_part, kVec * sizeof(T)) && aligned(o_acc, kVec * sizeof(float));
+    using Acc = std::conditional_t<std::is_same_v<A, void>, T, A>;  // void: the dtype itself
+    const bool vec = D % kVec == 0 && aligned(o_part, kVec * sizeof(T)) && aligned(o_acc, kVec * sizeof(Acc));
     with_vec(vec, [&](auto v) {
-      merge_kernel<T, v.value><<<row_grid(rows, D, v.value, pairs), kThreads, 0, stream>>>(
-          static_cast<const T*>(o_part), lse_part, o_acc, lse_acc, rows, row0, S_loc, D, pairs);
+      merge_kernel<T, Acc, v.value><<<row_grid(rows, D, v.value, pairs), kThreads, 0, stream>>>(
+          static_cast<const T*>(o_part), lse_part, static_cast<Acc*>(o_acc), lse_acc, rows, row0, S_loc, D, pairs);
       CHECK_LAUNCH("ring merge_kernel");
     });
   });
   merge_lse_kernel<<<blocks_for(n_rows), kThreads, 0, stream>>>(lse_part, lse_acc, rows, row0, S_loc, n_rows);
   CHECK_LAUNCH("ring merge_lse_kernel");
+}
+
+}  // namespace
+
+void ring_merge_block(DType t, const void* o_part, const float* lse_part, float* o_acc, float* lse_acc, int B, int H,
+                      int rows, int row0, int S_loc, int D, cudaStream_t stream) {
+  merge_rows<float>(t, o_part, lse_part, o_acc, lse_acc, B, H, rows, row0, S_loc, D, stream);
+}
+
+void ring_merge_in_place(DType t, const void* o_part, const float* lse_part, void* o, float* lse, int B, int H,
+                         int rows, int row0, int S_loc, int D, cudaStream_t stream) {
+  merge_rows<void>(t, o_part, lse_part, o, lse, B, H, rows, row0, S_loc, D, stream);
 }
 
 void ring_merge_first(DType t, const void* o_part, const float* lse_part, float* o_acc, float* lse_acc,
@@ -224,7 +258,8 @@ void ring_merge_first(DType t, const void* o_part, const float* lse_part, float*
       CHECK_LAUNCH("ring convert_kernel (first block)");
     });
   });
-  CUDA_CHECK(cudaMemcpyAsync(lse_acc, lse_part, size_t(n_rows) * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+  if (lse_acc != lse_part)
+    CUDA_CHECK(cudaMemcpyAsync(lse_acc, lse_part, size_t(n_rows) * sizeof(float), cudaMemcpyDeviceToDevice, stream));
 }
 
 void ring_merge_last(DType t, const void* o_part, const float* lse_part, const float* o_acc, float* lse_acc,

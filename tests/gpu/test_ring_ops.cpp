@@ -1,7 +1,8 @@
 // The ring's element-wise steps (include/flashattn/ring_ops.h) against the same algebra on the
 // host, in fp32 and bf16, on both of their paths: four elements per thread (D a multiple of 4,
 // pointers aligned for it) and one (D = 6, or every pointer one element off its alignment).
-// Rows whose block saw no key (lse = -inf), alone or with the running result's, are among them.
+// Rows whose block saw no key (lse = -inf), alone or with the running result's, are among them;
+// the in-place merge leaves the rows outside its block as they were, bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -147,6 +148,28 @@ TEST_P(RingOps, MatchHost) {
     ring_merge_last(t, dp.ptr(), dlp.f(), da.f(), dl.f(), dout.ptr(), B, H, rows, row0, S_loc, D, nullptr);
     expect_close(floats_of(t, dout.get(n_shard * es)), rounded(t, merged), t, "merge_last O");
     expect_close(floats_of(DType::F32, dl.get(lse_acc_b.size())), lse_merged, DType::F32, "merge_last lse");
+  }
+  {  // ring_merge_in_place: the block's rows merged into an output in the dtype, the others kept
+    const std::vector<float> o0 = rounded(t, acc0);
+    std::vector<float> want = o0;
+    for (int64_t bh = 0; bh < pairs; ++bh)
+      for (int i = 0; i < rows; ++i) {
+        const int64_t arow = bh * S_loc + row0 + i, prow = bh * rows + i;
+        float lse, wa, wp;
+        weights(lse_acc0[arow], lse_part[prow], &lse, &wa, &wp);
+        for (int d = 0; d < D; ++d)
+          want[arow * D + d] = wa * o0[arow * D + d] + (wp == 0.f ? 0.f : wp * part[prow * D + d]);
+      }
+    Dev dp(part_b, off_t), dout(bytes_of(t, o0), off_t), dl(lse_acc_b, off_f), dlp(lse_part_b, off_f);
+    ring_merge_in_place(t, dp.ptr(), dlp.f(), dout.ptr(), dl.f(), B, H, rows, row0, S_loc, D, nullptr);
+    const std::vector<uint8_t> got = dout.get(n_shard * es), before = bytes_of(t, o0);
+    expect_close(floats_of(t, got), rounded(t, want), t, "merge_in_place O");
+    for (int64_t row = 0; row < pairs * S_loc; ++row) {
+      const int i = int(row % S_loc);
+      if (i >= row0 && i < row0 + rows) continue;
+      ASSERT_EQ(0, std::memcmp(&got[row * D * es], &before[row * D * es], D * es)) << "merge_in_place row " << row;
+    }
+    expect_close(floats_of(DType::F32, dl.get(lse_acc_b.size())), lse_merged, DType::F32, "merge_in_place lse");
   }
   {  // ring_merge_first: the block's rows become the running result
     Dev dp(part_b, off_t), dlp(lse_part_b, off_f);
