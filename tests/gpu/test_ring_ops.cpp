@@ -124,17 +124,22 @@ TEST_P(RingOps, MatchHost) {
   const std::vector<uint8_t> acc_b = bytes_of(DType::F32, acc0), lse_acc_b = bytes_of(DType::F32, lse_acc0);
   const std::vector<uint8_t> lse_part_b = bytes_of(DType::F32, lse_part);
 
-  // Host: the block merged into rows [row0, row0 + rows) and their lse.
-  std::vector<float> merged = acc0, lse_merged = lse_acc0;
-  for (int64_t bh = 0; bh < pairs; ++bh)
-    for (int i = 0; i < rows; ++i) {
-      const int64_t arow = bh * S_loc + row0 + i, prow = bh * rows + i;
-      float lse, wa, wp;
-      weights(lse_acc0[arow], lse_part[prow], &lse, &wa, &wp);
-      for (int d = 0; d < D; ++d)
-        merged[arow * D + d] = wa * acc0[arow * D + d] + (wp == 0.f ? 0.f : wp * part[prow * D + d]);
-      lse_merged[arow] = lse;
-    }
+  // Host: the block merged into rows [row0, row0 + rows) of a running result `acc` (the other
+  // rows as they were) and their lse.
+  std::vector<float> lse_merged = lse_acc0;
+  auto merge_host = [&](std::vector<float> acc) {
+    for (int64_t bh = 0; bh < pairs; ++bh)
+      for (int i = 0; i < rows; ++i) {
+        const int64_t arow = bh * S_loc + row0 + i, prow = bh * rows + i;
+        float lse, wa, wp;
+        weights(lse_acc0[arow], lse_part[prow], &lse, &wa, &wp);
+        for (int d = 0; d < D; ++d)
+          acc[arow * D + d] = wa * acc[arow * D + d] + (wp == 0.f ? 0.f : wp * part[prow * D + d]);
+        lse_merged[arow] = lse;
+      }
+    return acc;
+  };
+  const std::vector<float> merged = merge_host(acc0);
 
   {  // ring_merge_block
     Dev dp(part_b, off_t), da(acc_b, off_f), dl(lse_acc_b, off_f), dlp(lse_part_b, off_f);
@@ -150,16 +155,7 @@ TEST_P(RingOps, MatchHost) {
     expect_close(floats_of(DType::F32, dl.get(lse_acc_b.size())), lse_merged, DType::F32, "merge_last lse");
   }
   {  // ring_merge_in_place: the block's rows merged into an output in the dtype, the others kept
-    const std::vector<float> o0 = rounded(t, acc0);
-    std::vector<float> want = o0;
-    for (int64_t bh = 0; bh < pairs; ++bh)
-      for (int i = 0; i < rows; ++i) {
-        const int64_t arow = bh * S_loc + row0 + i, prow = bh * rows + i;
-        float lse, wa, wp;
-        weights(lse_acc0[arow], lse_part[prow], &lse, &wa, &wp);
-        for (int d = 0; d < D; ++d)
-          want[arow * D + d] = wa * o0[arow * D + d] + (wp == 0.f ? 0.f : wp * part[prow * D + d]);
-      }
+    const std::vector<float> o0 = rounded(t, acc0), want = merge_host(o0);
     Dev dp(part_b, off_t), dout(bytes_of(t, o0), off_t), dl(lse_acc_b, off_f), dlp(lse_part_b, off_f);
     ring_merge_in_place(t, dp.ptr(), dlp.f(), dout.ptr(), dl.f(), B, H, rows, row0, S_loc, D, nullptr);
     const std::vector<uint8_t> got = dout.get(n_shard * es), before = bytes_of(t, o0);
