@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, configures, builds, runs ctest (CPU tests; GPU tests skip without a
-# device) and pytest, then the quality stages: cppcheck, the CPU tests and pytest again against an
+# device) and pytest, then the quality stages: cppcheck, the ring's stand-ins for a build without
+# NCCL (scripts/ring_stubs.py), the CPU tests and pytest again against an
 # ASan + UBSan build (its own build directory, one CUDA arch, host targets only), and a 60 s
 # libFuzzer run over the input readers (skipped, saying why, without clang). Prints the time of
 # every stage and a summary. Safe to re-run; works on a fresh CPU-only machine.
@@ -62,6 +63,16 @@ run_cppcheck() {
     --inline-suppr --suppress=identicalInnerCondition:include/flashattn/check.h -I include -I src src tools)
 }
 stage cppcheck run_cppcheck
+
+# A build without NCCL links src/ring.cpp's stand-ins for the Ring methods: every method the NCCL
+# build defines must have one (scripts/ring_stubs.py compiles that half once more and compares).
+run_ring_stubs() {
+  local rc=0
+  "$PY" "$root/scripts/ring_stubs.py" "$build" || rc=$?
+  [[ $rc -eq 77 ]] && { skipped "this build has no NCCL: it links the stand-ins itself"; return; }
+  return $rc
+}
+stage ring-stubs run_ring_stubs
 
 # ASan + UBSan: the CPU tests and the CLI tests against sanitized binaries. Any report (a leak
 # too) fails the run with its own exit code (86), so a test expecting exit 1 or 2 cannot pass by

@@ -49,6 +49,7 @@ Ring::Ring(std::vector<int>) { throw InputError("--devices: " + ring_unavailable
 Ring::Ring(int, const RingProcess&) { throw InputError("--ring-rank: " + ring_unavailable()); }
 bool Ring::root() const { return true; }
 bool Ring::fp32_gradients() const { return false; }
+bool Ring::side_stream() const { return false; }
 Ring::~Ring() = default;
 int Ring::size() const { return 0; }
 const std::vector<int>& Ring::devices() const {
