@@ -183,6 +183,7 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
                  {"sharding", "zig-zag"},
                  {"gradients", g.gradients.empty() ? json(nullptr) : json(g.gradients)},
                  {"side_stream", g.side_stream},
+                 {"last_block_alone", g.last_block_alone},
                  {"per_gpu", per_gpu},
                  {"profiled_ms", num(g.profiled_ms)},
                  {"exposed_comm_ms", num(g.exposed_comm_ms)},

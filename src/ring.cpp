@@ -50,6 +50,7 @@ Ring::Ring(int, const RingProcess&) { throw InputError("--ring-rank: " + ring_un
 bool Ring::root() const { return true; }
 bool Ring::fp32_gradients() const { return false; }
 bool Ring::side_stream() const { return false; }
+bool Ring::last_block_alone() const { return false; }
 Ring::~Ring() = default;
 int Ring::size() const { return 0; }
 const std::vector<int>& Ring::devices() const {
@@ -310,6 +311,7 @@ int Ring::size() const { return impl_->n(); }
 bool Ring::root() const { return impl_->root(); }
 bool Ring::fp32_gradients() const { return impl_->f32_grads; }
 bool Ring::side_stream() const { return impl_->side(); }
+bool Ring::last_block_alone() const { return impl_->last_alone_fwd; }
 const std::vector<int>& Ring::devices() const { return impl_->ids; }
 
 void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic) {
@@ -335,9 +337,12 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
   for (const Impl::Dev& d : s.devs)
     for (const Impl::Block& blk : d.blocks) s.dq_accum = s.dq_accum && blk.call.q_row0 % kDqAccumRows == 0;
   s.dq_accum = env_switch("FLASHATTN_RING_DQ_ACCUM", s.dq_accum);
-  // The own block beside the others on a second kernels' stream (ring_impl.h).
-  s.side_fwd = env_switch("FLASHATTN_RING_SIDE_STREAM", s.n() > 1);
-  s.side_bwd = s.backward && s.side_fwd && s.f32_grads && !deterministic && s.dims().H == s.dims().H_kv;
+  // The own block beside the others on a second kernels' stream, except in a two-GPU forward
+  // whose last block takes the whole GPU (ring_impl.h).
+  const bool side = env_switch("FLASHATTN_RING_SIDE_STREAM", s.n() > 1);
+  s.last_alone_fwd = !s.backward && s.n() == 2 && env_switch("FLASHATTN_RING_LAST_ALONE", true);
+  s.side_fwd = side && !s.last_alone_fwd;
+  s.side_bwd = s.backward && side && s.f32_grads && !deterministic && s.dims().H == s.dims().H_kv;
   s.bytes_held = 0;
   for (Impl::Dev& d : s.devs) s.allocate(d, in);
   if (!s.backward) return;

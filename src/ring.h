@@ -75,6 +75,8 @@ class Ring {
   bool fp32_gradients() const;
   // After prepare: whether the own block runs beside the others on a second kernels' stream.
   bool side_stream() const;
+  // After prepare: whether the forward's last block takes the whole GPU (two GPUs; ring_impl.h).
+  bool last_block_alone() const;
 
   // Uploads the shards of `in` (host inputs in the problem's layout) for kernel `e` (its forward
   // or backward entry) and allocates every buffer; a backward also runs the ring forward once

@@ -115,8 +115,8 @@ struct Ring::Impl {
   // for the other's last CTAs (a kernel's last wave leaves SMs idle that the other's CTAs take)
   // and the backward's own block fills the wait for the first K/V shard. The stream that must
   // finish first is the higher priority: its pending CTAs go first, the other takes what SMs it
-  // leaves. Forward: the own block (step 0, compute) ahead of the others (side), whose merges
-  // follow it. Backward: the others (compute, each accumulator sent on as soon as its block
+  // leaves. Forward (more than two GPUs, or two with last_alone_fwd off): the own block (step 0,
+  // compute) ahead of the others (side), whose merges follow it. Backward: the others (compute, each accumulator sent on as soon as its block
   // ends) ahead of the own block (side), the last to finish, where the own dK/dV need no
   // transfer. Both kernels run at once, so each has its own workspace, and the backward's own
   // block its own gradients (dkv_own; dq_own unless dQ goes into dq_acc by the kernel's
@@ -129,6 +129,14 @@ struct Ring::Impl {
   bool side() const { return backward ? side_bwd : side_fwd; }
   bool on_side(int s) const { return side() && s >= 0 && own_step(s) == backward; }
   const LaunchContext& ctx_of(const Dev& d, int s) const { return on_side(s) ? d.ctx_side : d.ctx; }
+  // The forward's last block on two GPUs shares the GPU with nothing once its K/V has arrived
+  // (no transfer follows it, its merge waits for it), so its kernel takes the whole GPU
+  // (LaunchContext::shares_device off: `hopper`'s persistent grid), after the own block on the
+  // same stream (measured a little faster than beside it on the side stream). 0.3-0.8 % faster
+  // than the per-tile grid beside the own block (docs/PERF.md, ring step 12).
+  // FLASHATTN_RING_LAST_ALONE=0 turns it off (the ablation).
+  bool last_alone_fwd = false;
+  bool last_alone(int s) const { return !backward && last_alone_fwd && n() == 2 && s == n() - 1; }
   bool dq_apart() const { return backward && side_bwd && !dq_accum; }  // the own block's dQ in dq_own
   cudaEvent_t start = nullptr;  // on rank 0
   size_t bytes_held = 0;

@@ -92,7 +92,8 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
   // Step s's block on its stream (ctx_of), once its K/V has arrived and its partial buffers
   // were merged from (at step s - 2).
   auto compute_step = [&](Dev& d, int s) {
-    const LaunchContext& ctx = ctx_of(d, s);
+    LaunchContext ctx = ctx_of(d, s);
+    if (last_alone(s)) ctx.shares_device = false;
     const cudaStream_t stream = ctx.stream;
     if (!own_step(s)) wait_for(d, stream, d.kv_arrived[s], tl);
     const bool uses_parts = !(backward && on_side(s));  // else the own block's own buffers

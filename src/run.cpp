@@ -391,6 +391,7 @@ struct Session::Impl {
     info->devices = ring->devices();
     info->size = ring->size();
     info->side_stream = ring->side_stream();
+    info->last_block_alone = ring->last_block_alone();
     if (e.mode == Mode::Backward) info->gradients = ring->fp32_gradients() ? "fp32" : "partial";
     if (opt.ring_process.size > 1) info->rank = opt.ring_process.rank;
     if (timed) {

@@ -2,7 +2,7 @@
 // backward, causal (zig-zag) and not, GQA, key padding (with an empty and a short sequence), and
 // lengths that 2N does not divide, the backward's gradients in fp32 where the kernel keeps them
 // so and as 16-bit partials, the own block beside the others on a second stream and on one
-// stream, checked against the fp64 reference like
+// stream, the forward's last block with the whole GPU and on its per-tile grid, checked against the fp64 reference like
 // one-GPU runs, and compared with the same kernel on one GPU. Skipped (with the reason) where
 // fewer than two GPUs are present or the build has no NCCL.
 #include <gtest/gtest.h>
@@ -29,24 +29,25 @@ struct RingShape {
   bool padding;
   bool partial_gradients;  // FLASHATTN_RING_FP32_GRADIENTS=0: the 16-bit partials where fp32 would do
   bool one_stream;         // FLASHATTN_RING_SIDE_STREAM=0: every block on one stream
+  bool last_shared;        // FLASHATTN_RING_LAST_ALONE=0: the forward's last block on its per-tile grid
   const char* tag;
 };
 
 const RingShape kShapes[] = {
-    {2, 4, 4, 256, false, false, true, false, "s256"},
-    {2, 4, 4, 256, false, false, false, false, "s256_f32"},
-    {1, 4, 4, 301, true, false, false, false, "s301_causal"},  // 2N = 4 does not divide S
-    {1, 4, 4, 301, true, false, false, true, "s301_causal_one_stream"},
-    {2, 8, 2, 257, true, false, false, false, "gqa8_2_s257_causal"},
-    {3, 2, 2, 200, true, true, true, false, "padding_causal"},
-    {3, 2, 2, 200, true, true, false, false, "padding_causal_f32"},
-    {1, 2, 2, 3, true, false, false, false, "s3_causal"},  // shards with empty chunks
+    {2, 4, 4, 256, false, false, true, false, false, "s256"},
+    {2, 4, 4, 256, false, false, false, false, false, "s256_f32"},
+    {1, 4, 4, 301, true, false, false, false, true, "s301_causal"},  // 2N = 4 does not divide S
+    {1, 4, 4, 301, true, false, false, true, false, "s301_causal_one_stream"},
+    {2, 8, 2, 257, true, false, false, false, false, "gqa8_2_s257_causal"},
+    {3, 2, 2, 200, true, true, true, false, false, "padding_causal"},
+    {3, 2, 2, 200, true, true, false, false, false, "padding_causal_f32"},
+    {1, 2, 2, 3, true, false, false, false, false, "s3_causal"},  // shards with empty chunks
     // Chunks of whole 16-row groups: dQ in the kernel's own layout where it offers one (so is s256
     // above, whose chunks are 64 rows).
-    {1, 4, 4, 1024, true, false, false, false, "s1024_causal"},
-    {1, 4, 4, 1024, true, false, false, true, "s1024_causal_one_stream"},
-    {2, 4, 2, 512, false, false, false, false, "gqa4_2_s512"},
-    {3, 2, 2, 512, true, true, false, false, "padding_causal_s512"},
+    {1, 4, 4, 1024, true, false, false, false, false, "s1024_causal"},
+    {1, 4, 4, 1024, true, false, false, true, false, "s1024_causal_one_stream"},
+    {2, 4, 2, 512, false, false, false, false, true, "gqa4_2_s512"},
+    {3, 2, 2, 512, true, true, false, false, false, "padding_causal_s512"},
 };
 
 // An environment variable set for one shape (unset again however the shape ends).
@@ -125,6 +126,7 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     so.check = true;
     const ScopedEnv partial("FLASHATTN_RING_FP32_GRADIENTS", s.partial_gradients, "0");
     const ScopedEnv streams("FLASHATTN_RING_SIDE_STREAM", s.one_stream, "0");
+    const ScopedEnv last("FLASHATTN_RING_LAST_ALONE", s.last_shared, "0");
     Session session(std::move(in), so);
     const RunRecord r = session.run(*c.entry);
     ASSERT_TRUE(r.ring.has_value());
@@ -136,16 +138,18 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     for (const RingRecord::VsOneGpu& d : r.ring->vs_one_gpu)
       EXPECT_TRUE(d.passed) << d.name << " vs one GPU: " << d.metric << " " << d.measured << " > " << d.tolerance;
     EXPECT_GE(r.ring->max_abs_vs_one_gpu(), 0.0);
-    // Two streams unless told not to: the forward always, the backward with fp32 gradients
-    // without GQA.
-    if (s.one_stream) {
+    // Two streams unless told not to: the forward (on these two GPUs) where its last block does
+    // not take the whole GPU, the backward with fp32 gradients without GQA.
+    const bool forward = c.entry->mode == Mode::Forward;
+    EXPECT_EQ(r.ring->last_block_alone, forward && !s.last_shared);
+    if (s.one_stream || (forward && !s.last_shared)) {
       EXPECT_FALSE(r.ring->side_stream);
-    } else if (c.entry->mode == Mode::Forward || (r.ring->gradients == "fp32" && s.H == s.H_kv)) {
+    } else if (forward || (r.ring->gradients == "fp32" && s.H == s.H_kv)) {
       EXPECT_TRUE(r.ring->side_stream);
     }
     std::printf("  [ring %s %s D%d %s%s] vs one GPU: %s, max abs %.3g; scaling efficiency %.3f\n",
                 c.entry->kernel.c_str(), mode_name(c.entry->mode), c.D, s.tag,
-                r.ring->side_stream ? ", two streams" : "", r.ring->bitwise_vs_one_gpu ? "bitwise" : "differs",
+                r.ring->side_stream ? ", two streams" : r.ring->last_block_alone ? ", last block alone" : "", r.ring->bitwise_vs_one_gpu ? "bitwise" : "differs",
                 r.ring->max_abs_vs_one_gpu(), r.ring->scaling_efficiency);
   }
 }
