@@ -116,15 +116,15 @@ struct Ring::Impl {
   // and the backward's own block fills the wait for the first K/V shard. The stream that must
   // finish first is the higher priority: its pending CTAs go first, the other takes what SMs it
   // leaves. Forward (more than two GPUs, or two with last_alone_fwd off): the own block (step 0,
-  // compute) ahead of the others (side), whose merges follow it. Backward: the others (compute, each accumulator sent on as soon as its block
-  // ends) ahead of the own block (side), the last to finish, where the own dK/dV need no
-  // transfer. Both kernels run at once, so each has its own workspace, and the backward's own
-  // block its own gradients (dkv_own; dq_own unless dQ goes into dq_acc by the kernel's
-  // reductions), added when the outputs are rounded; the backward needs fp32 gradients, not
-  // --deterministic (the order of dQ's additions), and no GQA: there a CTA sums a group's heads,
-  // and the own block's first CTAs (under causal the longest) hold the SMs for several times the
-  // first transfer, so the remote block starts late (32k GQA 32/8 causal: 3 % slower).
-  // FLASHATTN_RING_SIDE_STREAM=0 turns it off (the ablation).
+  // compute) ahead of the others (side), whose merges follow it. Backward: the others (compute,
+  // each accumulator sent on as soon as its block ends) ahead of the own block (side), the last
+  // to finish, where the own dK/dV need no transfer. Both kernels run at once, so each has its
+  // own workspace, and the backward's own block its own gradients (dkv_own; dq_own unless dQ
+  // goes into dq_acc by the kernel's reductions), added when the outputs are rounded; the
+  // backward needs fp32 gradients, not --deterministic (the order of dQ's additions), and no
+  // GQA: there a CTA sums a group's heads, and the own block's first CTAs (under causal the
+  // longest) hold the SMs for several times the first transfer, so the remote block starts late
+  // (32k GQA 32/8 causal: 3 % slower). FLASHATTN_RING_SIDE_STREAM=0 turns it off (the ablation).
   bool side_fwd = false, side_bwd = false;
   bool side() const { return backward ? side_bwd : side_fwd; }
   bool on_side(int s) const { return side() && s >= 0 && own_step(s) == backward; }
@@ -136,7 +136,7 @@ struct Ring::Impl {
   // than the per-tile grid beside the own block (docs/PERF.md, ring step 12).
   // FLASHATTN_RING_LAST_ALONE=0 turns it off (the ablation).
   bool last_alone_fwd = false;
-  bool last_alone(int s) const { return !backward && last_alone_fwd && n() == 2 && s == n() - 1; }
+  bool last_alone(int s) const { return !backward && last_alone_fwd && s == n() - 1; }
   bool dq_apart() const { return backward && side_bwd && !dq_accum; }  // the own block's dQ in dq_own
   cudaEvent_t start = nullptr;  // on rank 0
   size_t bytes_held = 0;

@@ -2,9 +2,9 @@
 // backward, causal (zig-zag) and not, GQA, key padding (with an empty and a short sequence), and
 // lengths that 2N does not divide, the backward's gradients in fp32 where the kernel keeps them
 // so and as 16-bit partials, the own block beside the others on a second stream and on one
-// stream, the forward's last block with the whole GPU and on its per-tile grid, checked against the fp64 reference like
-// one-GPU runs, and compared with the same kernel on one GPU. Skipped (with the reason) where
-// fewer than two GPUs are present or the build has no NCCL.
+// stream, the forward's last block with the whole GPU and on its per-tile grid, checked against
+// the fp64 reference like one-GPU runs, and compared with the same kernel on one GPU. Skipped
+// (with the reason) where fewer than two GPUs are present or the build has no NCCL.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -149,7 +149,10 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     }
     std::printf("  [ring %s %s D%d %s%s] vs one GPU: %s, max abs %.3g; scaling efficiency %.3f\n",
                 c.entry->kernel.c_str(), mode_name(c.entry->mode), c.D, s.tag,
-                r.ring->side_stream ? ", two streams" : r.ring->last_block_alone ? ", last block alone" : "", r.ring->bitwise_vs_one_gpu ? "bitwise" : "differs",
+                r.ring->side_stream        ? ", two streams"
+                : r.ring->last_block_alone ? ", last block alone"
+                                           : "",
+                r.ring->bitwise_vs_one_gpu ? "bitwise" : "differs",
                 r.ring->max_abs_vs_one_gpu(), r.ring->scaling_efficiency);
   }
 }
