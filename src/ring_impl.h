@@ -136,7 +136,7 @@ struct Ring::Impl {
   // than the per-tile grid beside the own block (docs/PERF.md, ring step 12).
   // FLASHATTN_RING_LAST_ALONE=0 turns it off (the ablation).
   bool last_alone_fwd = false;
-  bool last_alone(int s) const { return !backward && last_alone_fwd && s == n() - 1; }
+  bool last_alone(int s) const { return last_alone_fwd && s == n() - 1; }  // the flag: forwards only
   bool dq_apart() const { return backward && side_bwd && !dq_accum; }  // the own block's dQ in dq_own
   cudaEvent_t start = nullptr;  // on rank 0
   size_t bytes_held = 0;
