@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -19,13 +20,24 @@ class DeviceBuffer {
   explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
     if (bytes) CUDA_CHECK(cudaMalloc(&ptr_, bytes));
   }
+  // Memory from another allocator (the ring's NCCL-registered buffers), given back by `release`.
+  DeviceBuffer(void* ptr, size_t bytes, std::function<void(void*)> release)
+      : ptr_(ptr), bytes_(bytes), release_(std::move(release)) {}
   ~DeviceBuffer() {
-    if (ptr_) cudaFree(ptr_);
+    if (!ptr_) return;
+    if (release_)
+      release_(ptr_);
+    else
+      cudaFree(ptr_);
   }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr, o.bytes_ = 0; }
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : ptr_(o.ptr_), bytes_(o.bytes_), release_(std::move(o.release_)) {
+    o.ptr_ = nullptr, o.bytes_ = 0, o.release_ = nullptr;
+  }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     std::swap(ptr_, o.ptr_);
     std::swap(bytes_, o.bytes_);
+    std::swap(release_, o.release_);
     return *this;
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
@@ -36,6 +48,7 @@ class DeviceBuffer {
  private:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+  std::function<void(void*)> release_;  // empty: cudaFree
 };
 
 inline DeviceBuffer upload_array(const HostArray& a) {

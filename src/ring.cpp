@@ -51,6 +51,7 @@ bool Ring::root() const { return true; }
 bool Ring::fp32_gradients() const { return false; }
 bool Ring::side_stream() const { return false; }
 bool Ring::last_block_alone() const { return false; }
+bool Ring::registered_buffers() const { return false; }
 Ring::~Ring() = default;
 int Ring::size() const { return 0; }
 const std::vector<int>& Ring::devices() const {
@@ -93,6 +94,25 @@ void Ring::Impl::unshard(const DeviceBuffer& buf, int64_t offset_elems, DType t,
   ring_scatter_rows(host.data(), dtype_size(t), dims().B, heads, D, shard, st, out->bytes.data());
 }
 
+DeviceBuffer Ring::Impl::transfer_buffer(const Dev& d, size_t bytes) const {
+  if (!registered || bytes == 0) return DeviceBuffer(bytes);
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 19, 0)
+  use(d);
+  void* ptr = nullptr;
+  NCCL_CHECK(ncclMemAlloc(&ptr, bytes));
+  void* handle = nullptr;
+  const ncclResult_t r = ncclCommRegister(d.nccl, ptr, bytes, &handle);
+  if (r != ncclSuccess) ncclMemFree(ptr);
+  NCCL_CHECK(r);
+  return DeviceBuffer(ptr, bytes, [comm = d.nccl, handle](void* p) {
+    ncclCommDeregister(comm, handle);
+    ncclMemFree(p);
+  });
+#else
+  throw RuntimeError("registered ring buffers need NCCL 2.19 or later (ncclMemAlloc, ncclCommRegister)");
+#endif
+}
+
 void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
   const int len = d.shard.len(), max_kv = max_len();
   const size_t e = es(), B = dims().B, H = dims().H;
@@ -129,13 +149,13 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
   d.q = upload_array(shard_rows(in.q, dims().H, d.shard));
   {
     const HostArray k = shard_rows(in.k, dims().H_kv, d.shard), v = shard_rows(in.v, dims().H_kv, d.shard);
-    d.kv_own = DeviceBuffer(k.nbytes() + v.nbytes());
+    d.kv_own = transfer_buffer(d, k.nbytes() + v.nbytes());
     if (k.nbytes()) {
       CUDA_CHECK(cudaMemcpy(d.kv_own.get(), k.bytes.data(), k.nbytes(), cudaMemcpyHostToDevice));
       CUDA_CHECK(cudaMemcpy(at(d.kv_own, int64_t(k.nbytes())), v.bytes.data(), v.nbytes(), cudaMemcpyHostToDevice));
     }
   }
-  for (DeviceBuffer& b : d.kv) b = DeviceBuffer(2 * kv_elems(max_kv) * e);
+  for (DeviceBuffer& b : d.kv) b = transfer_buffer(d, 2 * kv_elems(max_kv) * e);
   d.o_acc = DeviceBuffer(q_elems(len) * acc_es);
   d.lse = DeviceBuffer(B * H * len * 4);
   for (int i = 2 - int(parts); i < 2; ++i) {
@@ -154,7 +174,7 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     for (int i = 0; i < 2; ++i) {
       d.dq_part[i] = DeviceBuffer(dq_part_elems * e);
       d.dkv_part[i] = DeviceBuffer(2 * kv_elems(k_rows) * part_es);
-      d.acc[i] = DeviceBuffer(2 * kv_elems(max_kv) * 4);
+      d.acc[i] = transfer_buffer(d, 2 * kv_elems(max_kv) * 4);
     }
     d.dq = DeviceBuffer(q_elems(len) * e);
     d.dkv = DeviceBuffer(2 * kv_elems(len) * e);
@@ -291,6 +311,10 @@ Ring::~Ring() {
     for (cudaStream_t st : {d.compute, d.comm, d.merge, d.side})
       if (st) cudaStreamSynchronize(st);
   }
+  for (Impl::Dev& d : s.devs) {  // registered buffers leave their communicator first
+    cudaSetDevice(d.id);
+    for (DeviceBuffer* b : {&d.kv_own, &d.kv[0], &d.kv[1], &d.acc[0], &d.acc[1]}) *b = DeviceBuffer();
+  }
   for (Impl::Dev& d : s.devs)
     if (d.nccl) ncclCommDestroy(d.nccl);
   for (Impl::Dev& d : s.devs) {
@@ -312,6 +336,7 @@ bool Ring::root() const { return impl_->root(); }
 bool Ring::fp32_gradients() const { return impl_->f32_grads; }
 bool Ring::side_stream() const { return impl_->side(); }
 bool Ring::last_block_alone() const { return impl_->last_alone_fwd; }
+bool Ring::registered_buffers() const { return impl_->registered; }
 const std::vector<int>& Ring::devices() const { return impl_->ids; }
 
 void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic) {
@@ -343,6 +368,7 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
   s.last_alone_fwd = !s.backward && s.n() == 2 && env_switch("FLASHATTN_RING_LAST_ALONE", true);
   s.side_fwd = side && !s.last_alone_fwd;
   s.side_bwd = s.backward && side && s.f32_grads && !deterministic && s.dims().H == s.dims().H_kv;
+  s.registered = env_switch("FLASHATTN_RING_REGISTER", NCCL_VERSION_CODE >= NCCL_VERSION(2, 19, 0));
   s.bytes_held = 0;
   for (Impl::Dev& d : s.devs) s.allocate(d, in);
   if (!s.backward) return;

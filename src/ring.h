@@ -77,6 +77,9 @@ class Ring {
   bool side_stream() const;
   // After prepare: whether the forward's last block takes the whole GPU (two GPUs; ring_impl.h).
   bool last_block_alone() const;
+  // After prepare: whether NCCL sends from and receives into buffers registered with it
+  // (zero-copy between the GPUs of a node; ring_impl.h).
+  bool registered_buffers() const;
 
   // Uploads the shards of `in` (host inputs in the problem's layout) for kernel `e` (its forward
   // or backward entry) and allocates every buffer; a backward also runs the ring forward once

@@ -138,6 +138,13 @@ struct Ring::Impl {
   bool last_alone_fwd = false;
   bool last_alone(int s) const { return last_alone_fwd && s == n() - 1; }  // the flag: forwards only
   bool dq_apart() const { return backward && side_bwd && !dq_accum; }  // the own block's dQ in dq_own
+  // The buffers NCCL sends from and receives into (the own K/V, the two receive buffers, the
+  // backward's travelling accumulators) allocated by ncclMemAlloc and registered with the
+  // communicator, so that a transfer between GPUs of one node goes straight from one rank's buffer
+  // into the other's (no copy through NCCL's own staging buffers: fewer SMs and fewer memory
+  // accesses beside the blocks' kernels). FLASHATTN_RING_REGISTER=0 turns it off (the ablation).
+  bool registered = false;
+  DeviceBuffer transfer_buffer(const Dev& d, size_t bytes) const;
   cudaEvent_t start = nullptr;  // on rank 0
   size_t bytes_held = 0;
 

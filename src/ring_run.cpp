@@ -119,6 +119,7 @@ std::string ring_note(const RingRecord& g, double median_ms) {
   std::string how = g.gradients.empty() ? "" : ", " + g.gradients + " gradients";
   if (g.side_stream) how += ", own block on a second stream";
   if (g.last_block_alone) how += ", last block alone";
+  if (!g.registered_buffers) how += ", unregistered buffers";
   char buf[400];
   std::string who = "ring over GPUs " + ids;
   if (g.rank >= 0) who = "ring of " + std::to_string(g.size) + " processes (rank " + std::to_string(g.rank) + " on GPU " + ids + ")";

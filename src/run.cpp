@@ -392,6 +392,7 @@ struct Session::Impl {
     info->size = ring->size();
     info->side_stream = ring->side_stream();
     info->last_block_alone = ring->last_block_alone();
+    info->registered_buffers = ring->registered_buffers();
     if (e.mode == Mode::Backward) info->gradients = ring->fp32_gradients() ? "fp32" : "partial";
     if (opt.ring_process.size > 1) info->rank = opt.ring_process.rank;
     if (timed) {

@@ -30,24 +30,25 @@ struct RingShape {
   bool partial_gradients;  // FLASHATTN_RING_FP32_GRADIENTS=0: the 16-bit partials where fp32 would do
   bool one_stream;         // FLASHATTN_RING_SIDE_STREAM=0: every block on one stream
   bool last_shared;        // FLASHATTN_RING_LAST_ALONE=0: the forward's last block on its per-tile grid
+  bool unregistered;       // FLASHATTN_RING_REGISTER=0: NCCL through its own staging buffers
   const char* tag;
 };
 
 const RingShape kShapes[] = {
-    {2, 4, 4, 256, false, false, true, false, false, "s256"},
-    {2, 4, 4, 256, false, false, false, false, false, "s256_f32"},
-    {1, 4, 4, 301, true, false, false, false, true, "s301_causal"},  // 2N = 4 does not divide S
-    {1, 4, 4, 301, true, false, false, true, false, "s301_causal_one_stream"},
-    {2, 8, 2, 257, true, false, false, false, false, "gqa8_2_s257_causal"},
-    {3, 2, 2, 200, true, true, true, false, false, "padding_causal"},
-    {3, 2, 2, 200, true, true, false, false, false, "padding_causal_f32"},
-    {1, 2, 2, 3, true, false, false, false, false, "s3_causal"},  // shards with empty chunks
+    {2, 4, 4, 256, false, false, true, false, false, false, "s256"},
+    {2, 4, 4, 256, false, false, false, false, false, false, "s256_f32"},
+    {1, 4, 4, 301, true, false, false, false, true, false, "s301_causal"},  // 2N = 4 does not divide S
+    {1, 4, 4, 301, true, false, false, true, false, true, "s301_causal_one_stream"},
+    {2, 8, 2, 257, true, false, false, false, false, false, "gqa8_2_s257_causal"},
+    {3, 2, 2, 200, true, true, true, false, false, true, "padding_causal"},
+    {3, 2, 2, 200, true, true, false, false, false, false, "padding_causal_f32"},
+    {1, 2, 2, 3, true, false, false, false, false, false, "s3_causal"},  // shards with empty chunks
     // Chunks of whole 16-row groups: dQ in the kernel's own layout where it offers one (so is s256
     // above, whose chunks are 64 rows).
-    {1, 4, 4, 1024, true, false, false, false, false, "s1024_causal"},
-    {1, 4, 4, 1024, true, false, false, true, false, "s1024_causal_one_stream"},
-    {2, 4, 2, 512, false, false, false, false, true, "gqa4_2_s512"},
-    {3, 2, 2, 512, true, true, false, false, false, "padding_causal_s512"},
+    {1, 4, 4, 1024, true, false, false, false, false, false, "s1024_causal"},
+    {1, 4, 4, 1024, true, false, false, true, false, false, "s1024_causal_one_stream"},
+    {2, 4, 2, 512, false, false, false, false, true, false, "gqa4_2_s512"},
+    {3, 2, 2, 512, true, true, false, false, false, false, "padding_causal_s512"},
 };
 
 // An environment variable set for one shape (unset again however the shape ends).
@@ -127,6 +128,7 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     const ScopedEnv partial("FLASHATTN_RING_FP32_GRADIENTS", s.partial_gradients, "0");
     const ScopedEnv streams("FLASHATTN_RING_SIDE_STREAM", s.one_stream, "0");
     const ScopedEnv last("FLASHATTN_RING_LAST_ALONE", s.last_shared, "0");
+    const ScopedEnv reg("FLASHATTN_RING_REGISTER", s.unregistered, "0");
     Session session(std::move(in), so);
     const RunRecord r = session.run(*c.entry);
     ASSERT_TRUE(r.ring.has_value());
@@ -142,6 +144,7 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     // not take the whole GPU, the backward with fp32 gradients without GQA.
     const bool forward = c.entry->mode == Mode::Forward;
     EXPECT_EQ(r.ring->last_block_alone, forward && !s.last_shared);
+    EXPECT_EQ(r.ring->registered_buffers, !s.unregistered);
     if (s.one_stream || (forward && !s.last_shared)) {
       EXPECT_FALSE(r.ring->side_stream);
     } else if (forward || (r.ring->gradients == "fp32" && s.H == s.H_kv)) {
