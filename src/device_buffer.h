@@ -1,5 +1,5 @@
 // An owning device allocation and the host <-> device copies of HostArrays, for the decode run
-// loop and its simulation.
+// loop, its simulation and the ring (whose transfer buffers come from NCCL's allocator).
 #pragma once
 
 #include <cuda_runtime_api.h>
