@@ -311,13 +311,9 @@ Ring::~Ring() {
     for (cudaStream_t st : {d.compute, d.comm, d.merge, d.side})
       if (st) cudaStreamSynchronize(st);
   }
-  for (Impl::Dev& d : s.devs) {  // registered buffers leave their communicator first
-    cudaSetDevice(d.id);
-    for (DeviceBuffer* b : {&d.kv_own, &d.kv[0], &d.kv[1], &d.acc[0], &d.acc[1]}) *b = DeviceBuffer();
-  }
-  for (Impl::Dev& d : s.devs)
-    if (d.nccl) ncclCommDestroy(d.nccl);
+  std::vector<ncclComm_t> comms;  // destroyed last: the registered buffers leave them first
   for (Impl::Dev& d : s.devs) {
+    comms.push_back(d.nccl);
     cudaSetDevice(d.id);
     for (auto* v : {&d.computed, &d.merged, &d.kv_arrived, &d.acc_arrived})
       for (cudaEvent_t e : *v) cudaEventDestroy(e);
@@ -327,6 +323,8 @@ Ring::~Ring() {
       if (st) cudaStreamDestroy(st);
     d = Impl::Dev{};  // the buffers and the flusher go while their device is current
   }
+  for (ncclComm_t c : comms)
+    if (c) ncclCommDestroy(c);
   if (!s.ids.empty()) cudaSetDevice(s.ids[0]);
   if (s.start) cudaEventDestroy(s.start);
 }
