@@ -182,6 +182,10 @@ void launch(const FwdParams& p, const LaunchContext& ctx) {
   a.tm_v = sm90::make_tensor_map(p.v, p.dtype, p.v_st, p.B, p.H_kv, p.S_k, p.D, Tr::kBlockN);
   a.tm_o = sm90::make_tensor_map(p.o, p.dtype, p.o_st, p.B, p.H, p.S_q, p.D, 64);
   a.lse = static_cast<float*>(p.lse);
+  a.lse_stride = p.lse_stride > 0 ? p.lse_stride : p.S_q;
+  a.merge = p.merge_output;
+  a.o_in = p.o;
+  a.o_sb = p.o_st.batch, a.o_sh = p.o_st.head, a.o_ss = p.o_st.row;
   a.tile_counter = static_cast<unsigned*>(p.workspace);
   a.num_m_blocks = (p.S_q + Tr::kBlockM - 1) / Tr::kBlockM;
   a.num_tiles = static_cast<int>(static_cast<int64_t>(a.num_m_blocks) * p.H * p.B);  // < 2^31: run() checks
@@ -273,6 +277,8 @@ size_t workspace_bytes(const FwdParams& p) {
 void run(const FwdParams& p, const LaunchContext& ctx) {
   if (static_cast<int64_t>(p.B) * p.H * p.S_q == 0) return;
   if (!has_own_variant(p)) {
+    if (p.merge_output || p.lse_stride > 0)
+      throw RuntimeError("hopper forward: merging into the outputs needs its own variant (merges_output says)");
     // Head dims 32 and 96 (and a non-positive scale) take the mma.sync kernel, as --list says.
     const KernelMode* mma = Registry::find("mma", Mode::Forward);
     if (mma == nullptr || mma->fwd == nullptr) throw RuntimeError("hopper forward: the mma fallback is not built");
@@ -297,6 +303,7 @@ KernelMode make_entry() {
   m.uses_atomics = false;
   m.fwd = &run;
   m.fwd_workspace = &workspace_bytes;
+  m.merges_output = &has_own_variant;
   return m;
 }
 

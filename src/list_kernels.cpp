@@ -57,6 +57,7 @@ std::string list_kernels(bool as_json) {
                      {"deterministic_path", e->has_deterministic_path},
                      {"partial_outputs", e->partial_outputs},
                      {"fp32_gradients", e->fp32_gradients != nullptr},
+                     {"merges_output", e->merges_output != nullptr},
                      {"dq_accumulator", e->dq_finish != nullptr},
                      {"compiled_archs", e->compiled_archs}});
     }
@@ -82,7 +83,8 @@ std::string list_kernels(bool as_json) {
                                        : e->has_deterministic_path ? " (--deterministic: reproducible)" : " (not reproducible)";
     }
     if (e->partial_outputs)
-      notes += std::string(notes.empty() ? "" : "; ") + "ring (--devices" + (e->fp32_gradients ? ", fp32 gradients)" : ")");
+      notes += std::string(notes.empty() ? "" : "; ") + "ring (--devices" + (e->fp32_gradients ? ", fp32 gradients" : "") +
+               (e->merges_output ? ", merges into its outputs" : "") + ")";
     out += fmt::format("{:<8} {:<8} {:<4} {:<20} {:<16} {:<50} {}\n", e->kernel, mode_name(e->mode),
                        e->gpu ? std::to_string(e->min_sm) : "-", dt, dims_of(*e), ft, notes);
   }

@@ -184,6 +184,7 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
                  {"gradients", g.gradients.empty() ? json(nullptr) : json(g.gradients)},
                  {"side_stream", g.side_stream},
                  {"last_block_alone", g.last_block_alone},
+                 {"last_block_merges", g.last_block_merges},
                  {"registered_buffers", g.registered_buffers},
                  {"per_gpu", per_gpu},
                  {"profiled_ms", num(g.profiled_ms)},

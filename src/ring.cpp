@@ -52,6 +52,7 @@ bool Ring::fp32_gradients() const { return false; }
 bool Ring::side_stream() const { return false; }
 bool Ring::last_block_alone() const { return false; }
 bool Ring::registered_buffers() const { return false; }
+bool Ring::last_block_merges() const { return false; }
 Ring::~Ring() = default;
 int Ring::size() const { return 0; }
 const std::vector<int>& Ring::devices() const {
@@ -335,6 +336,7 @@ bool Ring::fp32_gradients() const { return impl_->f32_grads; }
 bool Ring::side_stream() const { return impl_->side(); }
 bool Ring::last_block_alone() const { return impl_->last_alone_fwd; }
 bool Ring::registered_buffers() const { return impl_->registered; }
+bool Ring::last_block_merges() const { return impl_->kernel_merge; }
 const std::vector<int>& Ring::devices() const { return impl_->ids; }
 
 void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic) {
@@ -365,6 +367,9 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
   const bool side = env_switch("FLASHATTN_RING_SIDE_STREAM", s.n() > 1);
   s.last_alone_fwd = !s.backward && s.n() == 2 && env_switch("FLASHATTN_RING_LAST_ALONE", true);
   s.side_fwd = side && !s.last_alone_fwd;
+  s.kernel_merge = s.last_alone_fwd && s.fwd_entry->merges_output != nullptr &&
+                   s.fwd_entry->merges_output(ring_block_fwd(s.prob, 1, 1, RingCall{}, {})) &&
+                   env_switch("FLASHATTN_RING_KERNEL_MERGE", true);
   s.side_bwd = s.backward && side && s.f32_grads && !deterministic && s.dims().H == s.dims().H_kv;
   s.registered = env_switch("FLASHATTN_RING_REGISTER", NCCL_VERSION_CODE >= NCCL_VERSION(2, 19, 0));
   s.bytes_held = 0;

@@ -68,6 +68,18 @@ inline FwdParams ring_block_fwd(const Problem& prob, int len, int len_src, const
   return f;
 }
 
+// A forward block that merges into the rank's outputs itself (FwdParams::merge_output): o and lse
+// ([B, H, len, D] and float [B, H, len], the own block's result) at the block's rows in place of
+// its partial buffers.
+inline void ring_block_merge_into(const Problem& prob, int len, const RingCall& c, void* o, void* lse, FwdParams* f) {
+  const Dims& d = prob.dims;
+  f->o = const_cast<char*>(ring_offset(o, int64_t(c.q_row0) * d.D, dtype_size(prob.dtype)));
+  f->o_st = ring_packed(d.H, len, d.D);
+  f->lse = static_cast<float*>(lse) + c.q_row0;
+  f->lse_stride = len;
+  f->merge_output = true;
+}
+
 inline BwdParams ring_block_bwd(const Problem& prob, int len, int len_src, const RingCall& c, const RingBlockBuffers& b) {
   const Dims& d = prob.dims;
   const size_t es = dtype_size(prob.dtype);

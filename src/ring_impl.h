@@ -137,6 +137,12 @@ struct Ring::Impl {
   // FLASHATTN_RING_LAST_ALONE=0 turns it off (the ablation).
   bool last_alone_fwd = false;
   bool last_alone(int s) const { return last_alone_fwd && s == n() - 1; }  // the flag: forwards only
+  // ... and, where its kernel merges into its outputs (KernelMode::merges_output), that block
+  // combines its result with the own block's (complete: it ran first on the same stream) in its
+  // epilogue, writing O and lse of its rows in place: no merge pass after it.
+  // FLASHATTN_RING_KERNEL_MERGE=0 turns it off (the ablation).
+  bool kernel_merge = false;
+  bool merges_in_kernel(const Dev& d, int s) const { return kernel_merge && last_alone(s) && merges_in_place(d); }
   bool dq_apart() const { return backward && side_bwd && !dq_accum; }  // the own block's dQ in dq_own
   // The buffers NCCL sends from and receives into (the own K/V, the two receive buffers, the
   // backward's travelling accumulators) allocated by ncclMemAlloc and registered with the
@@ -211,7 +217,9 @@ struct Ring::Impl {
     return p;
   }
   FwdParams block_params(const Dev& d, int s, int part) const {
-    return block_call<FwdParams>(d, s, part, ring_block_fwd);
+    FwdParams f = block_call<FwdParams>(d, s, part, ring_block_fwd);
+    if (merges_in_kernel(d, s)) ring_block_merge_into(prob, d.shard.len(), block_of(d, s).call, d.o.get(), d.lse.get(), &f);
+    return f;
   }
   BwdParams block_bwd_params(const Dev& d, int s, int part) const {
     BwdParams p = block_call<BwdParams>(d, s, part, ring_block_bwd);

@@ -118,7 +118,7 @@ std::string ring_note(const RingRecord& g, double median_ms) {
   }
   std::string how = g.gradients.empty() ? "" : ", " + g.gradients + " gradients";
   if (g.side_stream) how += ", own block on a second stream";
-  if (g.last_block_alone) how += ", last block alone";
+  if (g.last_block_alone) how += g.last_block_merges ? ", last block alone, merging in its kernel" : ", last block alone";
   if (!g.registered_buffers) how += ", unregistered buffers";
   char buf[400];
   std::string who = "ring over GPUs " + ids;

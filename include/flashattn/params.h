@@ -61,6 +61,13 @@ struct FwdParams {
   // Natural-log logsumexp of the scaled, masked scores, contiguous [B, H, S_q]. float32, except
   // for the cpu kernel computing in F64, where it is double.
   void* lse = nullptr;
+  // Merging into the outputs (a ring's last block; only for a kernel whose entry's merges_output
+  // holds for these params): o and lse already hold, for the same query rows, the normalised O
+  // and the lse over other keys; the kernel combines them with its own by the two lse and writes
+  // the combined O and lse in their place. lse_stride: floats from one (batch, head)'s lse row to
+  // the next (0: S_q, contiguous), so that lse may be a row range of a longer one.
+  bool merge_output = false;
+  int64_t lse_stride = 0;
 
   // Scratch memory sized by the kernel's workspace function, owned by the driver (counted as the
   // run's extra memory). Null when the kernel asked for none.

@@ -77,6 +77,10 @@ struct KernelMode {
   // block is square) and writes its O and lse; the backward takes O and lse from elsewhere (the
   // ring's merged ones) and writes the block's dQ, dK, dV.
   bool partial_outputs = false;
+  // Whether its forward honours FwdParams::merge_output (and lse_stride) for these params (null:
+  // never): the ring's last block then merges into the outputs in its epilogue, with no merge
+  // pass after it.
+  bool (*merges_output)(const FwdParams&) = nullptr;
   // Whether its backward honours BwdParams::grads_f32 for these params (null: never): the ring
   // then keeps dQ and dK/dV in fp32 from the kernel on, without 16-bit partials and the passes
   // that add them up.

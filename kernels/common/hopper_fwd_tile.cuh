@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "common/frag_softmax.cuh"
+#include "common/lse_merge.cuh"
 #include "common/key_blocks.cuh"
 #include "common/mask.cuh"
 #include "common/mma_sm80.cuh"
@@ -91,7 +92,13 @@ struct Args {
   CUtensorMap tm_k;  // (D, S_k, H_kv, B), boxes of (64, kBlockN)
   CUtensorMap tm_v;
   CUtensorMap tm_o;  // (D, S_q, H, B), boxes of (64, 64): one consumer warpgroup's rows
-  float* lse = nullptr;  // [B, H, S_q]
+  float* lse = nullptr;  // [B, H, S_q], rows lse_stride floats apart
+  int64_t lse_stride = 0;
+  // FwdParams::merge_output: O (o_in, element strides o_sb, o_sh, o_ss by batch, head and row) and
+  // lse already hold another result of the same rows, combined with this one in the epilogue.
+  bool merge = false;
+  const void* o_in = nullptr;
+  int64_t o_sb = 0, o_sh = 0, o_ss = 0;
   // The persistent grid's tile counter (workspace; the launch zeroes it): CTA c starts with tile
   // c, then takes gridDim.x + the counter's old value, so tiles go out in order as CTAs free up.
   unsigned* tile_counter = nullptr;
@@ -443,14 +450,41 @@ struct Consumer {
     }
   }
 
+  // FwdParams::merge_output: the result O and lse already hold for these rows (other keys) and
+  // this tile's, combined by their lse before O is stored over it. Each thread reads its own
+  // fragment's elements (two rows, 2 x kDTiles pairs); a quad's first lane reads the row's lse and
+  // passes it on, so every lane has it before that lane writes the merged one.
+  __device__ void merge_output(float (&lse)[1][2], const float* gLse, int row_base) {
+    const T* gO = static_cast<const T*>(a.o_in) + b * a.o_sb + h * a.o_sh + 2 * (lane % 4);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row_base + warp * 16 + r * 8 + lane / 4;
+      const bool valid = row < a.S_q;
+      float lse_in = valid && lane % 4 == 0 ? gLse[row] : -INFINITY;
+      lse_in = __shfl_sync(0xffffffffu, lse_in, lane & ~3);
+      if (!valid) continue;
+      float merged, w_in, w_new;
+      lse_merge_weights(lse_in, lse[0][r], &merged, &w_in, &w_new);
+      lse[0][r] = merged;
+      const T* src = gO + row * a.o_ss;
+#pragma unroll
+      for (int di = 0; di < Tr::kDTiles; ++di) {
+        const float2 x = mma::unpack2<T>(*reinterpret_cast<const uint32_t*>(src + 8 * di));
+        rO[0][di][2 * r] = w_in * x.x + w_new * rO[0][di][2 * r];
+        rO[0][di][2 * r + 1] = w_in * x.y + w_new * rO[0][di][2 * r + 1];
+      }
+    }
+  }
+
   // O /= l, lse; O goes back through this warpgroup's rows of the staging tile (a buffer of its
   // own, or the Q tile where there is no room), in the Q tile's swizzled panels, so one TMA store
   // per panel writes it (and drops the rows past S_q).
   __device__ void epilogue() {
     float lse[1][2];
     softmax.finalize(rO, a.scale_log2, lse);
-    float* gLse = a.lse + (static_cast<int64_t>(b) * a.H + h) * a.S_q;
+    float* gLse = a.lse + (static_cast<int64_t>(b) * a.H + h) * a.lse_stride;
     const int row_base = m0 + cw * 64;
+    if (a.merge) merge_output(lse, gLse, row_base);
     if constexpr (Tr::kSeparateO) {
       // The previous tile's store must have read these rows before they are written again.
       if (ctid == 0) sm90::tma_store_wait_read();

@@ -29,22 +29,6 @@
 namespace flashattn {
 namespace mma_bwd {
 
-
-// Two 16-bit values of a .b32 register (lo first) as floats.
-template <class T> __device__ __forceinline__ float2 unpack2(uint32_t u);
-template <>
-__device__ __forceinline__ float2 unpack2<__half>(uint32_t u) {
-  __half2 h;
-  memcpy(&h, &u, sizeof(h));
-  return __half22float2(h);
-}
-template <>
-__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t u) {
-  __nv_bfloat162 h;
-  memcpy(&h, &u, sizeof(h));
-  return __bfloat1622float2(h);
-}
-
 // K blocks (of block_n keys) holding a key visible to one of the queries [m0, m0 + n_rows).
 __host__ __device__ inline BlockRange key_blocks(const Visibility& vis, int m0, int n_rows, int seqlen,
                                                  int block_n) {
@@ -184,7 +168,7 @@ __device__ __forceinline__ void dscores_packed(float (&dp)[MT][NT][4], const uin
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const float2 pf = unpack2<T>(p[mt][nt][half]);
+        const float2 pf = mma::unpack2<T>(p[mt][nt][half]);
         dp[mt][nt][2 * half] = pf.x * (dp[mt][nt][2 * half] - dsum[mt][half]);
         dp[mt][nt][2 * half + 1] = pf.y * (dp[mt][nt][2 * half + 1] - dsum[mt][half]);
       }

@@ -20,6 +20,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace flashattn {
 namespace mma {
@@ -120,6 +121,21 @@ template <>
 __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// Two 16-bit values of a .b32 register (lo first) as floats.
+template <class T> __device__ __forceinline__ float2 unpack2(uint32_t u);
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(uint32_t u) {
+  __half2 h;
+  memcpy(&h, &u, sizeof(h));
+  return __half22float2(h);
+}
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t u) {
+  __nv_bfloat162 h;
+  memcpy(&h, &u, sizeof(h));
+  return __bfloat1622float2(h);
 }
 
 // ---- math -----------------------------------------------------------------------------------------

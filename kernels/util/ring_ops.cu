@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "common/dtype.cuh"
+#include "common/lse_merge.cuh"
 #include "common/switch.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
@@ -40,18 +41,6 @@ __device__ __forceinline__ void store(T* p, const Pack<T, V>& x) {
   *reinterpret_cast<Pack<T, V>*>(p) = x;
 }
 
-// The merge weights of a row: w_acc = exp(lse_acc - lse), w_part = exp(lse_part - lse).
-__device__ __forceinline__ void merge_weights(float lse_acc, float lse_part, float* lse, float* w_acc, float* w_part) {
-  const float m = fmaxf(lse_acc, lse_part);
-  if (m == -INFINITY) {  // neither saw a key
-    *lse = -INFINITY, *w_acc = 1.f, *w_part = 0.f;
-    return;
-  }
-  const float a = __expf(lse_acc - m), p = __expf(lse_part - m);
-  *lse = m + __logf(a + p);
-  *w_acc = a / (a + p), *w_part = p / (a + p);
-}
-
 // The row kernels' threads: x covers the `rows` x D / V vectors of one (batch, head), y the B x H
 // pairs (looping past the grid's limit). Thread (idx, bh) holds row i = idx / (D / V) of pair bh,
 // elements d .. d + V - 1.
@@ -76,7 +65,7 @@ dim3 row_grid(int rows, int D, int V, int64_t pairs) {
 template <int V, class T>
 __device__ __forceinline__ void merge_into(Pack<float, V>& a, const T* part, float lse_acc, float lse_part) {
   float lse, wa, wp;
-  merge_weights(lse_acc, lse_part, &lse, &wa, &wp);
+  lse_merge_weights(lse_acc, lse_part, &lse, &wa, &wp);
   if (wp == 0.f) {  // an empty block's O is not read
 #pragma unroll
     for (int k = 0; k < V; ++k) a.v[k] *= wa;
@@ -123,7 +112,7 @@ __global__ void merge_lse_kernel(const float* lse_part, float* lse_acc, int rows
   if (r >= n) return;
   const int64_t acc_row = (r / rows) * S_loc + row0 + r % rows;
   float lse, wa, wp;
-  merge_weights(lse_acc[acc_row], lse_part[r], &lse, &wa, &wp);
+  lse_merge_weights(lse_acc[acc_row], lse_part[r], &lse, &wa, &wp);
   lse_acc[acc_row] = lse;
 }
 

@@ -17,6 +17,7 @@
 #include "device_info.h"
 #include "flashattn/registry.h"
 #include "flashattn/device_fill.h"
+#include "params_build.h"
 #include "ring.h"
 #include "run.h"
 
@@ -118,6 +119,7 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
       p.has_padding = true;
     }
     if (!why_unsupported(*c.entry, p, query_device(0).sm()).empty()) continue;  // a feature it lacks
+    const bool merges = c.entry->merges_output != nullptr && c.entry->merges_output(forward_params(p));
     SessionOptions so;
     so.device = 0;
     so.devices = {0, 1};
@@ -144,6 +146,7 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     // not take the whole GPU, the backward with fp32 gradients without GQA.
     const bool forward = c.entry->mode == Mode::Forward;
     EXPECT_EQ(r.ring->last_block_alone, forward && !s.last_shared);
+    EXPECT_EQ(r.ring->last_block_merges, r.ring->last_block_alone && merges);
     EXPECT_EQ(r.ring->registered_buffers, !s.unregistered);
     if (s.one_stream || (forward && !s.last_shared)) {
       EXPECT_FALSE(r.ring->side_stream);
