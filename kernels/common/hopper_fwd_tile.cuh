@@ -452,24 +452,32 @@ struct Consumer {
 
   // FwdParams::merge_output: the result O and lse already hold for these rows (other keys) and
   // this tile's, combined by their lse before O is stored over it. Each thread reads its own
-  // fragment's elements (two rows, 2 x kDTiles pairs); a quad's first lane reads the row's lse and
-  // passes it on, so every lane has it before that lane writes the merged one.
-  __device__ void merge_output(float (&lse)[1][2], const float* gLse, int row_base) {
+  // fragment's elements (two rows, kDTiles pairs each) and its rows' lse (the four lanes of a row
+  // read the same word) first: no load depends on another, so all are in flight together. (Issuing
+  // them earlier, under the last P V or the softmax's last reductions, costs spills in the main
+  // loop.)
+  __device__ void merge_output(float (&lse)[1][2], const float* gLse) {
     const T* gO = static_cast<const T*>(a.o_in) + b * a.o_sb + h * a.o_sh + 2 * (lane % 4);
+    uint32_t o_in[2][Tr::kDTiles];
+    float lse_in[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = row_base + warp * 16 + r * 8 + lane / 4;
+      const int row = m0 + cw * 64 + warp * 16 + r * 8 + lane / 4;
       const bool valid = row < a.S_q;
-      float lse_in = valid && lane % 4 == 0 ? gLse[row] : -INFINITY;
-      lse_in = __shfl_sync(0xffffffffu, lse_in, lane & ~3);
-      if (!valid) continue;
-      float merged, w_in, w_new;
-      lse_merge_weights(lse_in, lse[0][r], &merged, &w_in, &w_new);
-      lse[0][r] = merged;
+      lse_in[r] = valid ? gLse[row - m0 - cw * 64] : -INFINITY;
       const T* src = gO + row * a.o_ss;
 #pragma unroll
+      for (int di = 0; di < Tr::kDTiles; ++di)
+        o_in[r][di] = valid ? *reinterpret_cast<const uint32_t*>(src + 8 * di) : 0u;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {  // a row past S_q: O unchanged, or 0 where both lse are -inf
+      float merged, w_in, w_new;
+      lse_merge_weights(lse_in[r], lse[0][r], &merged, &w_in, &w_new);
+      lse[0][r] = merged;
+#pragma unroll
       for (int di = 0; di < Tr::kDTiles; ++di) {
-        const float2 x = mma::unpack2<T>(*reinterpret_cast<const uint32_t*>(src + 8 * di));
+        const float2 x = mma::unpack2<T>(o_in[r][di]);
         rO[0][di][2 * r] = w_in * x.x + w_new * rO[0][di][2 * r];
         rO[0][di][2 * r + 1] = w_in * x.y + w_new * rO[0][di][2 * r + 1];
       }
@@ -482,9 +490,10 @@ struct Consumer {
   __device__ void epilogue() {
     float lse[1][2];
     softmax.finalize(rO, a.scale_log2, lse);
-    float* gLse = a.lse + (static_cast<int64_t>(b) * a.H + h) * a.lse_stride;
     const int row_base = m0 + cw * 64;
-    if (a.merge) merge_output(lse, gLse, row_base);
+    // This warpgroup's rows of the (batch, head)'s lse, rows lse_stride floats apart.
+    float* gLse = a.lse + (static_cast<int64_t>(b) * a.H + h) * a.lse_stride + row_base;
+    if (a.merge) merge_output(lse, gLse);
     if constexpr (Tr::kSeparateO) {
       // The previous tile's store must have read these rows before they are written again.
       if (ctid == 0) sm90::tma_store_wait_read();
@@ -493,7 +502,7 @@ struct Consumer {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = warp * 16 + r * 8 + lane / 4;  // within the warpgroup's 64
-      if (lane % 4 == 0 && row_base + row < a.S_q) gLse[row_base + row] = lse[0][r];
+      if (lane % 4 == 0 && row_base + row < a.S_q) gLse[row] = lse[0][r];
 #pragma unroll
       for (int di = 0; di < Tr::kDTiles; ++di) {
         // Column 8*di + 2t: panel di/8, 16-byte chunk di%8 (swizzled by the row), word t.
