@@ -77,11 +77,11 @@ class Ring {
   bool side_stream() const;
   // After prepare: whether the forward's last block takes the whole GPU (two GPUs; ring_impl.h).
   bool last_block_alone() const;
+  // After prepare: whether that last block merges into the outputs in its kernel (ring_impl.h).
+  bool last_block_merges() const;
   // After prepare: whether NCCL sends from and receives into buffers registered with it
   // (zero-copy between the GPUs of a node; ring_impl.h).
   bool registered_buffers() const;
-  // After prepare: whether that last block merges into the outputs in its kernel (ring_impl.h).
-  bool last_block_merges() const;
 
   // Uploads the shards of `in` (host inputs in the problem's layout) for kernel `e` (its forward
   // or backward entry) and allocates every buffer; a backward also runs the ring forward once

@@ -76,10 +76,10 @@ struct RingRecord {
   bool side_stream = false;
   // The forward's last block took the whole GPU, its kernel's own grid (two GPUs; ring_impl.h),
   bool last_block_alone = false;
-  // NCCL's transfers went between buffers registered with it (ring_impl.h).
-  bool registered_buffers = false;
   // ... and merged into the outputs in its kernel, with no merge pass after it (ring_impl.h).
   bool last_block_merges = false;
+  // NCCL's transfers went between buffers registered with it (ring_impl.h).
+  bool registered_buffers = false;
   // One profiled repetition after the timed ones (events on every stream): its length, and per
   // GPU the time its compute stream waited for a transfer; the largest of those is the
   // communication the compute did not hide.
