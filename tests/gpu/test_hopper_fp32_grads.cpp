@@ -21,32 +21,14 @@
 #include "flashattn/device_fill.h"
 #include "flashattn/registry.h"
 #include "gpu_context.h"
+#include "hopper_test_util.h"
 #include "params_build.h"
 #include "problem.h"
 
 namespace flashattn {
 namespace {
 
-DeviceBuffer upload_normal(DType t, int64_t n, uint64_t stream) {
-  std::vector<uint8_t> host(n * dtype_size(t));
-  fill_normal_host(host.data(), t, n, /*seed=*/5, stream);
-  DeviceBuffer d(host.size());
-  CUDA_CHECK(cudaMemcpy(d.get(), host.data(), host.size(), cudaMemcpyHostToDevice));
-  return d;
-}
-
-std::vector<float> download_bf16(const DeviceBuffer& b, int64_t n) {
-  std::vector<uint16_t> h(n);
-  CUDA_CHECK(cudaMemcpy(h.data(), b.get(), n * 2, cudaMemcpyDeviceToHost));
-  std::vector<float> out(n);
-  for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits_to_float(h[i]);
-  return out;
-}
-std::vector<float> download_f32(const DeviceBuffer& b, int64_t n) {
-  std::vector<float> out(n);
-  CUDA_CHECK(cudaMemcpy(out.data(), b.get(), n * 4, cudaMemcpyDeviceToHost));
-  return out;
-}
+constexpr uint64_t kSeed = 5;
 
 // got (fp32, less `base`) rounds to want (bf16): within half a bf16 ulp of it, plus fp32's own
 // error in subtracting `base`.
@@ -66,10 +48,8 @@ struct Fp32Case {
 class HopperFp32Gradients : public testing::TestWithParam<Fp32Case> {};
 
 TEST_P(HopperFp32Gradients, RoundToTheDtypePath) {
-  std::string why;
-  if (cuda_device_count(&why) == 0) GTEST_SKIP() << why;
+  if (const std::string why = why_no_hopper_gpu(); !why.empty()) GTEST_SKIP() << why;
   const DeviceInfo dev = query_device(0);
-  if (dev.sm() != 90) GTEST_SKIP() << "hopper runs on sm_90 only; this GPU is sm_" << dev.sm();
   const KernelMode* fwd = Registry::find("hopper", Mode::Forward);
   const KernelMode* bwd = Registry::find("hopper", Mode::Backward);
   if (!fwd || !bwd || !bwd->fp32_gradients) GTEST_SKIP() << "hopper is not built";
@@ -87,8 +67,8 @@ TEST_P(HopperFp32Gradients, RoundToTheDtypePath) {
   CUDA_CHECK(cudaStreamCreate(&stream));
   const LaunchContext ctx = gpu_launch_context(dev, 0, stream);
 
-  DeviceBuffer q = upload_normal(DType::BF16, nq, 1), k = upload_normal(DType::BF16, nk, 2),
-               v = upload_normal(DType::BF16, nk, 3), dout = upload_normal(DType::BF16, nq, 4);
+  DeviceBuffer q = upload_normal(DType::BF16, nq, kSeed, 1), k = upload_normal(DType::BF16, nk, kSeed, 2),
+               v = upload_normal(DType::BF16, nk, kSeed, 3), dout = upload_normal(DType::BF16, nq, kSeed, 4);
   DeviceBuffer o(nq * 2), lse(int64_t(d.B) * d.H * d.S_q * 4);
   FwdParams f = forward_params(prob);
   f.q = q.get(), f.k = k.get(), f.v = v.get(), f.o = o.get(), f.lse = lse.get();

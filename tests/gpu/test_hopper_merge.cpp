@@ -20,47 +20,20 @@
 #include "flashattn/device_fill.h"
 #include "flashattn/registry.h"
 #include "gpu_context.h"
+#include "hopper_test_util.h"
 #include "params_build.h"
 #include "problem.h"
 
 namespace flashattn {
 namespace {
 
-DeviceBuffer upload_normal(int64_t n, uint64_t stream) {
-  std::vector<uint8_t> host(n * 2);
-  fill_normal_host(host.data(), DType::BF16, n, /*seed=*/11, stream);
-  DeviceBuffer d(host.size());
-  CUDA_CHECK(cudaMemcpy(d.get(), host.data(), host.size(), cudaMemcpyHostToDevice));
-  return d;
-}
-
-DeviceBuffer upload_i32(const std::vector<int32_t>& v) {
-  DeviceBuffer d(v.size() * 4);
-  CUDA_CHECK(cudaMemcpy(d.get(), v.data(), v.size() * 4, cudaMemcpyHostToDevice));
-  return d;
-}
-
-std::vector<float> download_bf16(const DeviceBuffer& b) {
-  std::vector<uint16_t> h(b.bytes() / 2);
-  CUDA_CHECK(cudaMemcpy(h.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost));
-  std::vector<float> out(h.size());
-  for (size_t i = 0; i < h.size(); ++i) out[i] = bf16_bits_to_float(h[i]);
-  return out;
-}
-
-std::vector<float> download_f32(const DeviceBuffer& b) {
-  std::vector<float> out(b.bytes() / 4);
-  CUDA_CHECK(cudaMemcpy(out.data(), b.get(), b.bytes(), cudaMemcpyDeviceToHost));
-  return out;
-}
+constexpr uint64_t kSeed = 11;
 
 class HopperMerge : public testing::TestWithParam<int> {};
 
 TEST_P(HopperMerge, TwoKeyRangesEqualOneCall) {
-  std::string why;
-  if (cuda_device_count(&why) == 0) GTEST_SKIP() << why;
+  if (const std::string why = why_no_hopper_gpu(); !why.empty()) GTEST_SKIP() << why;
   const DeviceInfo dev = query_device(0);
-  if (dev.sm() != 90) GTEST_SKIP() << "hopper runs on sm_90 only; this GPU is sm_" << dev.sm();
   const KernelMode* fwd = Registry::find("hopper", Mode::Forward);
   if (!fwd || !fwd->merges_output) GTEST_SKIP() << "hopper is not built";
   const int D = GetParam();
@@ -80,7 +53,8 @@ TEST_P(HopperMerge, TwoKeyRangesEqualOneCall) {
   CUDA_CHECK(cudaStreamCreate(&stream));
   const LaunchContext ctx = gpu_launch_context(dev, 0, stream);
   const int64_t nq = int64_t(B) * H * S_q * D, nk = int64_t(B) * H_kv * S_k * D;
-  DeviceBuffer q = upload_normal(nq, 1), k = upload_normal(nk, 2), v = upload_normal(nk, 3);
+  DeviceBuffer q = upload_normal(DType::BF16, nq, kSeed, 1), k = upload_normal(DType::BF16, nk, kSeed, 2),
+               v = upload_normal(DType::BF16, nk, kSeed, 3);
   std::vector<int32_t> lens_a(B), lens_b(B);
   for (int b = 0; b < B; ++b) {
     lens_a[b] = std::min(lens[b], split);
