@@ -7,7 +7,8 @@ One row per (shape, mask) and mode, plus `both` (forward + backward medians adde
 median ms of both rings, ratio = PyTorch's median / ours (> 1: ours faster, the same statistic on
 both sides), per-GPU TFLOP/s, and each side's scaling efficiency (T(one GPU) / (N * T(ring)),
 each measured against its own one-GPU run), and our mean SM clock on the ring and on one GPU
-where the records have both (two loaded GPUs may each run slower than one alone). Rows of ours
+where the records have both (two loaded GPUs may each run slower than one alone). The ratio and
+the efficiencies have three decimals, so that one at a target's edge (1.05, 0.95) reads as it is. Rows of ours
 that did not pass --check are left out.
 """
 import argparse
@@ -73,8 +74,8 @@ def table(ours, peers):
             a, b = summary(ours[key], mode), summary(peers[key], mode)
             if not a or not b:
                 continue
-            out.append(f"| {shape} | {mode} | {a[0]:.3f} | {b[0]:.3f} | {b[0] / a[0]:.2f}× | {a[1]:.0f} | {b[1]:.0f} | "
-                       f"{fmt(a[2], 2)} | {fmt(b[2], 2)} | {clocks(ours[key], mode)} |")
+            out.append(f"| {shape} | {mode} | {a[0]:.3f} | {b[0]:.3f} | {b[0] / a[0]:.3f}× | {a[1]:.0f} | {b[1]:.0f} | "
+                       f"{fmt(a[2], 3)} | {fmt(b[2], 3)} | {clocks(ours[key], mode)} |")
     return "\n".join(out)
 
 

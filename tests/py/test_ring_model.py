@@ -86,10 +86,10 @@ def test_report_ring_puts_both_rings_side_by_side(tmp_path):
     peers.write_text(json.dumps({"runs": [rec("torch-cp-cudnn", "forward", 18.0, 30.0),
                                           rec("torch-cp-cudnn", "backward", 50.0, 85.0)]}) + "\n")
     text = report_ring.table(report_ring.load(ours), report_ring.load(peers))
-    assert "| B1 H32 S32768 D128 | forward | 15.000 | 18.000 | 1.20× |" in text
+    assert "| B1 H32 S32768 D128 | forward | 15.000 | 18.000 | 1.200× |" in text
     both = [line for line in text.splitlines() if "| both |" in line][0]
-    assert "| 55.000 | 68.000 | 1.24× |" in both
-    assert both.endswith("| 0.98 | 0.85 | – |")  # (28 + 80) / (2 x 55), (30 + 85) / (2 x 68); no clocks
+    assert "| 55.000 | 68.000 | 1.236× |" in both
+    assert both.endswith("| 0.982 | 0.846 | – |")  # (28 + 80) / (2 x 55), (30 + 85) / (2 x 68); no clocks
     ours.write_text(json.dumps({"runs": [dict(rec("hopper", "forward", 15.0, 28.0),
                                               timing={"median_ms": 15.0, "sm_clock_mean_mhz": 1800.4},
                                               ring={"size": 2, "one_gpu_median_ms": 28.0, "scaling_efficiency": 0.93,
