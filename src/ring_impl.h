@@ -142,7 +142,8 @@ struct Ring::Impl {
   // epilogue, writing O and lse of its rows in place: no merge pass after it.
   // FLASHATTN_RING_KERNEL_MERGE=0 turns it off (the ablation).
   bool kernel_merge = false;
-  bool merges_in_kernel(const Dev& d, int s) const { return kernel_merge && last_alone(s) && merges_in_place(d); }
+  // (kernel_merge implies last_alone_fwd, so two GPUs: the one other block merges in place.)
+  bool merges_in_kernel(int s) const { return kernel_merge && s == n() - 1; }
   bool dq_apart() const { return backward && side_bwd && !dq_accum; }  // the own block's dQ in dq_own
   // The buffers NCCL sends from and receives into (the own K/V, the two receive buffers, the
   // backward's travelling accumulators) allocated by ncclMemAlloc and registered with the
@@ -218,7 +219,7 @@ struct Ring::Impl {
   }
   FwdParams block_params(const Dev& d, int s, int part) const {
     FwdParams f = block_call<FwdParams>(d, s, part, ring_block_fwd);
-    if (merges_in_kernel(d, s)) ring_block_merge_into(prob, d.shard.len(), block_of(d, s).call, d.o.get(), d.lse.get(), &f);
+    if (merges_in_kernel(s)) ring_block_merge_into(prob, d.shard.len(), block_of(d, s).call, d.o.get(), d.lse.get(), &f);
     return f;
   }
   BwdParams block_bwd_params(const Dev& d, int s, int part) const {

@@ -184,7 +184,7 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
 void Ring::Impl::merge_step(Dev& d, int s) {
   const RingCall& c = d.blocks[src_of(d.rank, s)].call;
   const int len = d.shard.len(), last = last_block(d);
-  if (c.skip || last <= 0 || merges_in_kernel(d, s)) return;
+  if (c.skip || last <= 0 || merges_in_kernel(s)) return;
   const int B = dims().B, H = dims().H, D = dims().D;
   const void* o_part = d.o_part[s & 1].get();
   const float* lse_part = static_cast<const float*>(d.lse_part[s & 1].get());
