@@ -183,6 +183,7 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
                  {"sharding", "zig-zag"},
                  {"gradients", g.gradients.empty() ? json(nullptr) : json(g.gradients)},
                  {"side_stream", g.side_stream},
+                 {"side_after_first_shard", g.side_after_first_shard},
                  {"last_block_alone", g.last_block_alone},
                  {"last_block_merges", g.last_block_merges},
                  {"registered_buffers", g.registered_buffers},

@@ -50,6 +50,7 @@ Ring::Ring(int, const RingProcess&) { throw InputError("--ring-rank: " + ring_un
 bool Ring::root() const { return true; }
 bool Ring::fp32_gradients() const { return false; }
 bool Ring::side_stream() const { return false; }
+bool Ring::side_after_first_shard() const { return false; }
 bool Ring::last_block_alone() const { return false; }
 bool Ring::registered_buffers() const { return false; }
 bool Ring::last_block_merges() const { return false; }
@@ -334,6 +335,7 @@ int Ring::size() const { return impl_->n(); }
 bool Ring::root() const { return impl_->root(); }
 bool Ring::fp32_gradients() const { return impl_->f32_grads; }
 bool Ring::side_stream() const { return impl_->side(); }
+bool Ring::side_after_first_shard() const { return impl_->side() && impl_->side_gated; }
 bool Ring::last_block_alone() const { return impl_->last_alone_fwd; }
 bool Ring::registered_buffers() const { return impl_->registered; }
 bool Ring::last_block_merges() const { return impl_->kernel_merge; }
@@ -370,7 +372,8 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
   s.kernel_merge = s.last_alone_fwd && s.fwd_entry->merges_output != nullptr &&
                    s.fwd_entry->merges_output(ring_block_fwd(s.prob, 1, 1, RingCall{}, {})) &&
                    env_switch("FLASHATTN_RING_KERNEL_MERGE", true);
-  s.side_bwd = s.backward && side && s.f32_grads && !deterministic && s.dims().H == s.dims().H_kv;
+  s.side_bwd = s.backward && side && s.f32_grads && !deterministic;
+  s.side_gated = s.side_bwd && s.dims().H != s.dims().H_kv;
   s.registered = env_switch("FLASHATTN_RING_REGISTER", NCCL_VERSION_CODE >= NCCL_VERSION(2, 19, 0));
   s.bytes_held = 0;
   for (Impl::Dev& d : s.devs) s.allocate(d, in);

@@ -75,6 +75,8 @@ class Ring {
   bool fp32_gradients() const;
   // After prepare: whether the own block runs beside the others on a second kernels' stream.
   bool side_stream() const;
+  // After prepare: whether that own block waits for the first K/V shard before it starts (ring_impl.h).
+  bool side_after_first_shard() const;
   // After prepare: whether the forward's last block takes the whole GPU (two GPUs; ring_impl.h).
   bool last_block_alone() const;
   // After prepare: whether that last block merges into the outputs in its kernel (ring_impl.h).

@@ -121,11 +121,15 @@ struct Ring::Impl {
   // to finish, where the own dK/dV need no transfer. Both kernels run at once, so each has its
   // own workspace, and the backward's own block its own gradients (dkv_own; dq_own unless dQ
   // goes into dq_acc by the kernel's reductions), added when the outputs are rounded; the
-  // backward needs fp32 gradients, not --deterministic (the order of dQ's additions), and no
-  // GQA: there a CTA sums a group's heads, and the own block's first CTAs (under causal the
-  // longest) hold the SMs for several times the first transfer, so the remote block starts late
-  // (32k GQA 32/8 causal: 3 % slower). FLASHATTN_RING_SIDE_STREAM=0 turns it off (the ablation).
-  bool side_fwd = false, side_bwd = false;
+  // backward needs fp32 gradients and not --deterministic (the order of dQ's additions).
+  // FLASHATTN_RING_SIDE_STREAM=0 turns it off (the ablation).
+  // side_gated: under GQA the backward's own block starts only once the first K/V shard has
+  // arrived. A GQA CTA sums its group's heads: started at once, the own block's first CTAs (under
+  // causal the longest) held the SMs for several times the first transfer and the remote block
+  // started late (32k GQA 32/8 causal: 3 % slower than one stream, docs/PERF.md ring step 9).
+  // Gated, the own block's CTAs are issued after the remote block's last one, into its last
+  // wave's idle SMs (its few, long CTAs: 15.5 waves at 64k), which one stream leaves idle.
+  bool side_fwd = false, side_bwd = false, side_gated = false;
   bool side() const { return backward ? side_bwd : side_fwd; }
   bool on_side(int s) const { return side() && s >= 0 && own_step(s) == backward; }
   const LaunchContext& ctx_of(const Dev& d, int s) const { return on_side(s) ? d.ctx_side : d.ctx; }
@@ -250,6 +254,7 @@ struct Ring::Impl {
     std::vector<cudaEvent_t> own_end;                         // after the own block (side() only)
     std::vector<std::vector<cudaEvent_t>> wait_in, wait_out;  // waits for a transfer
     std::vector<std::vector<char>> wait_on_kernels;           // ... on a kernels' stream (else merge)
+    std::vector<std::vector<char>> wait_alone;                // ... with no kernel running beside it
     std::vector<std::vector<cudaEvent_t>> comm_in, comm_out;  // around each transfer
     std::vector<std::vector<double>> comm_bytes;              // received by each transfer
   };
@@ -269,8 +274,9 @@ struct Ring::Impl {
   void fetch_kv(int s, Timeline* tl);
 
   // ---- a repetition ---------------------------------------------------------------------------
-  // `stream` waits for `e`, a transfer's end; timed under profile().
-  void wait_for(Dev& d, cudaStream_t stream, cudaEvent_t e, Timeline* tl);
+  // `stream` waits for `e`, a transfer's end; timed under profile(), where `alone` says no kernel
+  // runs beside the wait (its whole span is exposed).
+  void wait_for(Dev& d, cudaStream_t stream, cudaEvent_t e, Timeline* tl, bool alone = false);
 
   // The last step whose block is not empty (the own block, step 0 of the forward, never is
   // unless the shard is).

@@ -117,7 +117,7 @@ std::string ring_note(const RingRecord& g, double median_ms) {
     tf += b;
   }
   std::string how = g.gradients.empty() ? "" : ", " + g.gradients + " gradients";
-  if (g.side_stream) how += ", own block on a second stream";
+  if (g.side_stream) how += g.side_after_first_shard ? ", own block on a second stream after the first shard" : ", own block on a second stream";
   if (g.last_block_alone) how += g.last_block_merges ? ", last block alone, merging in its kernel" : ", last block alone";
   if (!g.registered_buffers) how += ", unregistered buffers";
   char buf[400];

@@ -59,7 +59,7 @@ void Ring::Impl::fetch_kv(int s, Timeline* tl) {
 }
 
 // `stream` waits for `e`, a transfer's end; timed under profile().
-void Ring::Impl::wait_for(Dev& d, cudaStream_t stream, cudaEvent_t e, Timeline* tl) {
+void Ring::Impl::wait_for(Dev& d, cudaStream_t stream, cudaEvent_t e, Timeline* tl, bool alone) {
   if (tl) {
     tl->wait_in[d.rank].push_back(make_event(true));
     CUDA_CHECK(cudaEventRecord(tl->wait_in[d.rank].back(), stream));
@@ -69,6 +69,7 @@ void Ring::Impl::wait_for(Dev& d, cudaStream_t stream, cudaEvent_t e, Timeline* 
     tl->wait_out[d.rank].push_back(make_event(true));
     CUDA_CHECK(cudaEventRecord(tl->wait_out[d.rank].back(), stream));
     tl->wait_on_kernels[d.rank].push_back(stream == d.compute || stream == d.side);
+    tl->wait_alone[d.rank].push_back(alone);
   }
 }
 
@@ -95,7 +96,11 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
     LaunchContext ctx = ctx_of(d, s);
     if (last_alone(s)) ctx.shares_device = false;
     const cudaStream_t stream = ctx.stream;
-    if (!own_step(s)) wait_for(d, stream, d.kv_arrived[s], tl);
+    // Gated (side_gated), the own block waits for the first shard as well (untimed: the others'
+    // wait for it is timed, with nothing beside it).
+    const bool gated = backward && side_gated;
+    if (gated && on_side(s)) CUDA_CHECK(cudaStreamWaitEvent(stream, d.kv_arrived[0], 0));
+    if (!own_step(s)) wait_for(d, stream, d.kv_arrived[s], tl, gated && s == 0);
     const bool uses_parts = !(backward && on_side(s));  // else the own block's own buffers
     if (s >= 2 && uses_parts) CUDA_CHECK(cudaStreamWaitEvent(stream, d.merged[s - 2], 0));
     if (!block_of(d, s).call.skip) {
@@ -240,6 +245,7 @@ RingProfile Ring::profile(cudaStream_t stream0) {
   for (auto* v : {&tl.wait_in, &tl.wait_out, &tl.comm_in, &tl.comm_out}) v->resize(s.n());
   tl.comm_bytes.resize(s.n());
   tl.wait_on_kernels.resize(s.n());
+  tl.wait_alone.resize(s.n());
   tl.begin.resize(s.n());
   tl.end.resize(s.n());
   tl.compute_end.resize(s.n());
@@ -262,13 +268,14 @@ RingProfile Ring::profile(cudaStream_t stream0) {
     p.blocks_ms.push_back(ms);
     // Not hidden: a wait of a kernels' stream stalls the blocks, except while the own block
     // runs on the other kernels' stream (side(): the own block's stream never waits, and runs
-    // from the start); a wait of the merge stream (the backward's accumulators) costs only what
-    // lies past the last block's end.
+    // from the start; gated, it waits for the first shard too, and that wait is exposed whole);
+    // a wait of the merge stream (the backward's accumulators) costs only what lies past the
+    // last block's end.
     double waiting = 0;
     for (size_t i = 0; i < tl.wait_in[d.rank].size(); ++i) {
       CUDA_CHECK(cudaEventElapsedTime(&ms, tl.wait_in[d.rank][i], tl.wait_out[d.rank][i]));
       const bool on_kernels = tl.wait_on_kernels[d.rank][i];
-      if (!on_kernels || s.side()) {
+      if (!tl.wait_alone[d.rank][i] && (!on_kernels || s.side())) {
         float past = 0;
         CUDA_CHECK(cudaEventElapsedTime(&past, on_kernels ? tl.own_end[d.rank] : tl.compute_end[d.rank],
                                         tl.wait_out[d.rank][i]));

@@ -391,6 +391,7 @@ struct Session::Impl {
     info->devices = ring->devices();
     info->size = ring->size();
     info->side_stream = ring->side_stream();
+    info->side_after_first_shard = ring->side_after_first_shard();
     info->last_block_alone = ring->last_block_alone();
     info->registered_buffers = ring->registered_buffers();
     info->last_block_merges = ring->last_block_merges();

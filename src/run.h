@@ -74,6 +74,8 @@ struct RingRecord {
   std::string gradients;
   // The own block ran beside the others on a second kernels' stream (ring_impl.h).
   bool side_stream = false;
+  // ... and started once the first K/V shard had arrived (the backward under GQA; ring_impl.h).
+  bool side_after_first_shard = false;
   // The forward's last block took the whole GPU, its kernel's own grid (two GPUs; ring_impl.h),
   bool last_block_alone = false;
   // ... and merged into the outputs in its kernel, with no merge pass after it (ring_impl.h).

@@ -143,16 +143,18 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
       EXPECT_TRUE(d.passed) << d.name << " vs one GPU: " << d.metric << " " << d.measured << " > " << d.tolerance;
     EXPECT_GE(r.ring->max_abs_vs_one_gpu(), 0.0);
     // Two streams unless told not to: the forward (on these two GPUs) where its last block does
-    // not take the whole GPU, the backward with fp32 gradients without GQA.
+    // not take the whole GPU, the backward with fp32 gradients, its own block after the first
+    // K/V shard under GQA.
     const bool forward = c.entry->mode == Mode::Forward;
     EXPECT_EQ(r.ring->last_block_alone, forward && !s.last_shared);
     EXPECT_EQ(r.ring->last_block_merges, r.ring->last_block_alone && merges);
     EXPECT_EQ(r.ring->registered_buffers, !s.unregistered);
     if (s.one_stream || (forward && !s.last_shared)) {
       EXPECT_FALSE(r.ring->side_stream);
-    } else if (forward || (r.ring->gradients == "fp32" && s.H == s.H_kv)) {
+    } else if (forward || r.ring->gradients == "fp32") {
       EXPECT_TRUE(r.ring->side_stream);
     }
+    EXPECT_EQ(r.ring->side_after_first_shard, !forward && r.ring->side_stream && s.H != s.H_kv);
     std::printf("  [ring %s %s D%d %s%s] vs one GPU: %s, max abs %.3g; scaling efficiency %.3f\n",
                 c.entry->kernel.c_str(), mode_name(c.entry->mode), c.D, s.tag,
                 r.ring->side_stream        ? ", two streams"
