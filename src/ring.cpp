@@ -335,7 +335,7 @@ int Ring::size() const { return impl_->n(); }
 bool Ring::root() const { return impl_->root(); }
 bool Ring::fp32_gradients() const { return impl_->f32_grads; }
 bool Ring::side_stream() const { return impl_->side(); }
-bool Ring::side_after_first_shard() const { return impl_->side() && impl_->side_gated; }
+bool Ring::side_after_first_shard() const { return impl_->side_gated; }  // implies side_bwd
 bool Ring::last_block_alone() const { return impl_->last_alone_fwd; }
 bool Ring::registered_buffers() const { return impl_->registered; }
 bool Ring::last_block_merges() const { return impl_->kernel_merge; }
