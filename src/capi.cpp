@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -133,6 +134,7 @@ struct Checker {
   std::string check(const void* const* t) {
     const flashattn::Dims& d = p.d;
     const bool half = p.dtype == DType::F16 || p.dtype == DType::BF16;
+    const auto t0 = std::chrono::steady_clock::now();
     if (!ref) {
       ref = flashattn::compute_reference(p.in, sel, p.backward);
       if (half) base = flashattn::measure_errors(flashattn::compute_baseline(p.in, sel, p.backward, p.dtype), *ref, d.D);
@@ -154,6 +156,7 @@ struct Checker {
     c.rows_total = sel.q_total;
     c.key_rows_checked = static_cast<int64_t>(sel.k_rows.size());
     c.key_rows_total = sel.k_total;
+    c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return flashattn::check_json(c).dump();
   }
 };

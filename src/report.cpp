@@ -105,6 +105,7 @@ json check_json(const CheckResult& c) {
           {"rows_total", c.rows_total},
           {"key_rows_checked", c.key_rows_checked},
           {"key_rows_total", c.key_rows_total},
+          {"seconds", c.seconds >= 0 ? num(c.seconds) : json(nullptr)},
           {"outputs", outs}};
 }
 
@@ -296,6 +297,7 @@ std::string render_check(const RunRecord& r) {
   std::string out = fmt::format("  check {} {}: {} ({} of {} query rows", who, mode_name(r.mode),
                                 c.passed ? "passed" : "FAILED", c.rows_checked, c.rows_total);
   if (c.key_rows_total) out += fmt::format(", {} of {} key rows", c.key_rows_checked, c.key_rows_total);
+  if (c.seconds >= 0) out += fmt::format("; {:.1f} s", c.seconds);
   out += ")\n";
   for (const OutputCheck& o : c.outputs) {
     out += fmt::format("    {:<4} max_abs {:.3e}  mean_abs {:.3e}  mse {:.3e}  max_rel {:.3e}  rel_l2 {:.3e}  [{}] {}\n",

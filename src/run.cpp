@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -580,8 +581,10 @@ RunRecord Session::run(const KernelMode& e) {
   const std::string fault = inject_fault_if_asked(e.kernel, rec.outputs);
   if (!fault.empty()) rec.notes.push_back(fault);
   if (s.opt.check && (!rec.ring || s.ring->root())) {  // a ring's root has the outputs
+    const auto t0 = std::chrono::steady_clock::now();
     s.validate(e, rec);
     judge_ring_vs_one_gpu(rec);
+    if (rec.check.performed) rec.check.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
   const double sec = rec.timing.median_ms * 1e-3;

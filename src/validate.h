@@ -80,6 +80,10 @@ struct CheckResult {
   std::vector<OutputCheck> outputs;
   int64_t rows_checked = 0, rows_total = 0;          // query rows
   int64_t key_rows_checked = 0, key_rows_total = 0;  // key rows (backward)
+  // Host wall time of this check: the reference (and baseline) rows when this check computed them
+  // (a later check of the same inputs reuses them), the comparisons and, for a ring, the comparison
+  // with the one-GPU run's outputs. -1: not measured.
+  double seconds = -1;
 };
 
 // The gap from 1 to the next value of the dtype (2^-7 bf16, 2^-10 fp16, 2^-23 fp32; fp64 else).
