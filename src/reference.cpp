@@ -7,7 +7,9 @@
 //                             the max; pass 2 sums exp(s - max) for lse; pass 3 accumulates
 //                             P·V with P = exp(s - lse). Rows of one head go in tiles of
 //                             kTileRows that share each K and V row's read, the order of every
-//                             row's own sums unchanged (and the key rows of the backward alike).
+//                             row's own sums unchanged (and the key rows of the backward alike);
+//                             the scores of a block of kKeyBlock keys are computed side by side
+//                             (block_dots), each still summed in its own pair's order.
 //   backward, per query row:  the forward row again (lse_i, O_i, D_i = <dO_i, O_i>), then
 //                             dQ_i = scale * sum_j dS_ij k_j over the stored row of scores.
 //   backward, per key row:    needs lse_i and D_i of every query row of every query head in its
@@ -21,6 +23,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <string>
@@ -86,6 +89,114 @@ float dot(const double* a, const double* b, int n, float) {
   return s;
 }
 
+// Dot products in blocks: the rows of a block of up to kKeyBlock key (or value) rows, transposed
+// into the accumulation type once (bt[d * kKeyBlock + u] = row u's element d; missing rows zero),
+// against one query-side row `a` in the same type. Each of the block's sums runs in exactly the
+// order of dot() on that pair alone (fp64: dot_f64's four partial sums; fp32: one running sum in
+// element order), so no result depends on the block; but the sums run side by side, where one
+// at a time each addition waits for the one before it.
+constexpr int kKeyBlock = 8;
+static_assert(kKeyTileRows <= kKeyBlock, "a key tile is one block");
+
+template <class Acc>
+void transpose_block(const double* const* rows, int count, int n, Acc* bt) {
+  for (int d = 0; d < n; ++d)
+    for (int u = 0; u < kKeyBlock; ++u) bt[d * kKeyBlock + u] = u < count ? static_cast<Acc>(rows[u][d]) : Acc(0);
+}
+
+// The block's sums side by side in 16-byte vectors (GCC/Clang vector extensions): lane u of a
+// vector holds key row u's sum, and each lane's arithmetic is the scalar code's (a product, then
+// an addition; no fused multiply-add under ISO C++). `rows` query-side rows a[r] at once, out[r].
+using f32x4 = float __attribute__((vector_size(16)));
+using f64x2 = double __attribute__((vector_size(16)));
+template <class V, class T>
+V load_vec(const T* p) {
+  V v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// fp32: one running sum per pair; R rows share each load of the block (R x 2 independent chains).
+template <int R>
+void block_dots_fixed(const float* const* a, const float* bt, int n, float (*out)[kKeyBlock]) {
+  static_assert(kKeyBlock == 8, "two vectors of four lanes");
+  f32x4 s[R][2] = {};
+  for (int d = 0; d < n; ++d) {
+    const f32x4 lo = load_vec<f32x4>(bt + d * kKeyBlock), hi = load_vec<f32x4>(bt + d * kKeyBlock + 4);
+    for (int r = 0; r < R; ++r) {
+      const float x = a[r][d];
+      s[r][0] = s[r][0] + x * lo;
+      s[r][1] = s[r][1] + x * hi;
+    }
+  }
+  for (int r = 0; r < R; ++r) std::memcpy(out[r], s[r], sizeof s[r]);
+}
+void block_dots(const float* const* a, int rows, const float* bt, int n, float (*out)[kKeyBlock]) {
+  int r = 0;
+  for (; r + 4 <= rows; r += 4) block_dots_fixed<4>(a + r, bt, n, out + r);
+  for (; r + 2 <= rows; r += 2) block_dots_fixed<2>(a + r, bt, n, out + r);
+  for (; r < rows; ++r) block_dots_fixed<1>(a + r, bt, n, out + r);
+}
+
+// fp64: dot_f64's four partial sums (element d into sum d mod 4, the remainder into the first,
+// then (s0 + s1) + (s2 + s3)), per half block of four keys: 4 x 2 independent chains.
+void block_dots(const double* const* a, int rows, const double* bt, int n, double (*out)[kKeyBlock]) {
+  static_assert(kKeyBlock == 8, "two halves of two vectors of two lanes");
+  for (int r = 0; r < rows; ++r)
+    for (int half = 0; half < 2; ++half) {
+      const double* b = bt + half * 4;
+      f64x2 s[4][2] = {};
+      int d = 0;
+      for (; d + 4 <= n; d += 4)
+        for (int p = 0; p < 4; ++p) {
+          const double x = a[r][d + p];
+          s[p][0] = s[p][0] + x * load_vec<f64x2>(b + (d + p) * kKeyBlock);
+          s[p][1] = s[p][1] + x * load_vec<f64x2>(b + (d + p) * kKeyBlock + 2);
+        }
+      for (; d < n; ++d) {
+        const double x = a[r][d];
+        s[0][0] = s[0][0] + x * load_vec<f64x2>(b + d * kKeyBlock);
+        s[0][1] = s[0][1] + x * load_vec<f64x2>(b + d * kKeyBlock + 2);
+      }
+      for (int c = 0; c < 2; ++c) {
+        const f64x2 sum = (s[0][c] + s[1][c]) + (s[2][c] + s[3][c]);
+        std::memcpy(out[r] + half * 4 + 2 * c, &sum, sizeof sum);
+      }
+    }
+}
+
+// A row in the accumulation type: fp64 rows are used in place, fp32 ones converted into `buf`.
+inline const double* row_in(const double* x, int, std::vector<double>&) { return x; }
+inline const float* row_in(const double* x, int n, std::vector<float>& buf) {
+  buf.resize(n);
+  for (int d = 0; d < n; ++d) buf[d] = static_cast<float>(x[d]);
+  return buf.data();
+}
+
+// y += alpha[e] * x[e] for e = 0 .. terms-1, with y and the x[e] in the accumulation type: each
+// element gets the terms in e order, one product and one addition each (the same arithmetic as
+// one axpy per term, in that order), but y is loaded and stored once per chunk, not once per term.
+template <class Acc>
+void axpy_terms(const Acc* alpha, const Acc* const* x, int terms, Acc* y, int n) {
+  using V = std::conditional_t<std::is_same_v<Acc, float>, f32x4, f64x2>;
+  constexpr int L = sizeof(V) / sizeof(Acc), C = 4;  // lanes per vector, vectors per chunk
+  int d = 0;
+  for (; d + C * L <= n; d += C * L) {
+    V acc[C];
+    for (int c = 0; c < C; ++c) acc[c] = load_vec<V>(y + d + c * L);
+    for (int e = 0; e < terms; ++e) {
+      const Acc a = alpha[e];
+      for (int c = 0; c < C; ++c) acc[c] = acc[c] + a * load_vec<V>(x[e] + d + c * L);
+    }
+    std::memcpy(y + d, acc, sizeof acc);
+  }
+  for (; d < n; ++d) {
+    Acc acc = y[d];
+    for (int e = 0; e < terms; ++e) acc = acc + alpha[e] * x[e][d];
+    y[d] = acc;
+  }
+}
+
 // y += alpha * x in the accumulation type.
 template <class Acc>
 void axpy(double alpha, const double* x, double* y, int n) {
@@ -126,11 +237,11 @@ class Attention {
     return true;
   }
 
-  // s_ij, or -inf when key j is not visible (an invisible key and a -inf mask entry are the same
-  // thing to everything downstream: they contribute exp(-inf) = 0).
-  double score(int b, int h, int i, int j) const {
-    if (!visible(b, i, j)) return kNegInf;
-    Acc s = static_cast<Acc>(in_.scale) * dot(q(b, h, i), k(b, h / group_, j), dm_.D, Acc{});
+  // s_ij of a visible key j from qk = <q_i, k_j> (block_dots); an invisible key's score is -inf
+  // (an invisible key and a -inf mask entry are the same thing to everything downstream: they
+  // contribute exp(-inf) = 0).
+  double score_of(Acc qk, int b, int h, int i, int j) const {
+    Acc s = static_cast<Acc>(in_.scale) * qk;
     if (in_.mask.ptr) {
       const MaskView& m = in_.mask;
       s += static_cast<Acc>(m.ptr[b * m.batch + h * m.head + i * m.row + j * m.col]);
@@ -183,8 +294,38 @@ class Attention {
   // max keeps every exp <= 1 and the sum >= 1: nothing overflows, the log is well conditioned.
   void forward_tile(int b, int h, const int* is, int count, double* s_rows, double* const* o, double* lse) const {
     const int D = dm_.D, Sk = dm_.S_k, g = h / group_;
-    for (int j = 0; j < Sk; ++j)
-      for (int t = 0; t < count; ++t) s_rows[int64_t(t) * Sk + j] = score(b, h, is[t], j);
+    std::array<std::vector<Acc>, kTileRows> q_buf;
+    std::array<const Acc*, kTileRows> qa;
+    for (int t = 0; t < count; ++t) qa[t] = row_in(q(b, h, is[t]), D, q_buf[t]);
+    std::vector<Acc> kt(size_t(kKeyBlock) * D);
+    for (int j0 = 0; j0 < Sk; j0 += kKeyBlock) {  // a block of key rows, read once for the tile
+      const int jn = std::min(kKeyBlock, Sk - j0);
+      std::array<std::array<bool, kKeyBlock>, kTileRows> vis{};
+      std::array<int, kTileRows> need;  // the rows that see a key of the block
+      std::array<const Acc*, kTileRows> a;
+      int nn = 0;
+      for (int t = 0; t < count; ++t) {
+        bool any = false;
+        for (int u = 0; u < jn; ++u) any |= vis[t][u] = visible(b, is[t], j0 + u);
+        if (any) {
+          a[nn] = qa[t];
+          need[nn++] = t;
+        } else {
+          std::fill(s_rows + int64_t(t) * Sk + j0, s_rows + int64_t(t) * Sk + j0 + jn, kNegInf);
+        }
+      }
+      if (nn == 0) continue;
+      std::array<const double*, kKeyBlock> rows;
+      for (int u = 0; u < jn; ++u) rows[u] = k(b, g, j0 + u);
+      transpose_block(rows.data(), jn, D, kt.data());
+      Acc qk[kTileRows][kKeyBlock];
+      block_dots(a.data(), nn, kt.data(), D, qk);
+      for (int m = 0; m < nn; ++m) {
+        const int t = need[m];
+        double* s_row = s_rows + int64_t(t) * Sk;
+        for (int u = 0; u < jn; ++u) s_row[j0 + u] = vis[t][u] ? score_of(qk[m][u], b, h, is[t], j0 + u) : kNegInf;
+      }
+    }
     std::array<bool, kTileRows> live{};
     for (int t = 0; t < count; ++t) {
       const double* s_row = s_rows + int64_t(t) * Sk;
@@ -206,24 +347,42 @@ class Attention {
       lse[t] = l;
       live[t] = true;
     }
-    for (int j = 0; j < Sk; ++j) {
-      const double* vj = v(b, g, j);
+    // P·V: each row's sum over j in key order, in the accumulation type, a block of value rows
+    // at a time (read, and in fp32 converted, once for the tile).
+    std::vector<Acc> acc(size_t(count) * D, Acc(0));
+    std::array<std::vector<Acc>, kKeyBlock> v_buf;
+    for (int j0 = 0; j0 < Sk; j0 += kKeyBlock) {
+      const int jn = std::min(kKeyBlock, Sk - j0);
+      std::array<const Acc*, kKeyBlock> vrows{};
       for (int t = 0; t < count; ++t) {
-        const double s = s_rows[int64_t(t) * Sk + j];
-        if (live[t] && s != kNegInf) axpy<Acc>(prob(s, lse[t]), vj, o[t], D);
+        if (!live[t]) continue;
+        const double* s_row = s_rows + int64_t(t) * Sk;
+        std::array<Acc, kKeyBlock> alpha;
+        std::array<const Acc*, kKeyBlock> x;
+        int terms = 0;
+        for (int u = 0; u < jn; ++u) {
+          if (s_row[j0 + u] == kNegInf) continue;
+          if (!vrows[u]) vrows[u] = row_in(v(b, g, j0 + u), D, v_buf[u]);
+          alpha[terms] = static_cast<Acc>(prob(s_row[j0 + u], lse[t]));
+          x[terms++] = vrows[u];
+        }
+        if (terms) axpy_terms(alpha.data(), x.data(), terms, acc.data() + int64_t(t) * D, D);
       }
     }
     for (int t = 0; t < count; ++t)
       if (live[t])
-        for (int d = 0; d < D; ++d) o[t][d] = arith_.stored(o[t][d]);
+        for (int d = 0; d < D; ++d) o[t][d] = arith_.stored(acc[int64_t(t) * D + d]);
   }
 
   // D_i = <dO_i, O_i> over the model's own O_i.
   double delta(int b, int h, int i, const double* o) const { return dot(dout(b, h, i), o, dm_.D, Acc{}); }
 
-  // dS_ij = P_ij (dP_ij - D_i), as stored.
+  // dS_ij = P_ij (dP_ij - D_i), as stored, from dP_ij = <dO_i, v_j>.
+  double dscore_of(double p, Acc dp, double Di) const {
+    return arith_.stored(static_cast<Acc>(p) * (dp - static_cast<Acc>(Di)));
+  }
   double dscore(double p, const double* dO, const double* vj, double Di) const {
-    return arith_.stored(static_cast<Acc>(p) * (dot(dO, vj, dm_.D, Acc{}) - static_cast<Acc>(Di)));
+    return dscore_of(p, dot(dO, vj, dm_.D, Acc{}), Di);
   }
 
   // dQ_i for one query row (o is scratch of D doubles).
@@ -248,30 +407,64 @@ class Attention {
   void dkdv_tile(int b, int g, const int* js, int count, const double* lse, const double* Dt, double* const* dk,
                  double* const* dv) const {
     const int D = dm_.D;
-    for (int t = 0; t < count; ++t) {
-      std::fill(dk[t], dk[t] + D, 0.0);
-      std::fill(dv[t], dv[t] + D, 0.0);
+    // The tile's key and value rows, transposed once for every query row's dot products.
+    std::vector<Acc> kt(size_t(kKeyBlock) * D), vt(size_t(kKeyBlock) * D);
+    {
+      std::array<const double*, kKeyBlock> krows, vrows;
+      for (int t = 0; t < count; ++t) krows[t] = k(b, g, js[t]), vrows[t] = v(b, g, js[t]);
+      transpose_block(krows.data(), count, D, kt.data());
+      transpose_block(vrows.data(), count, D, vt.data());
     }
+    std::vector<Acc> dk_acc(size_t(count) * D, Acc(0)), dv_acc(size_t(count) * D, Acc(0));
+    // Query rows in groups of kQueryGroup: their dot products with the tile together, then their
+    // terms added in query order, as one row at a time.
+    constexpr int kQueryGroup = 4;
+    std::array<std::vector<Acc>, kQueryGroup> q_buf, do_buf;
     for (int hh = 0; hh < group_; ++hh) {
       const int h = g * group_ + hh;
-      for (int i = 0; i < dm_.S_q; ++i) {
-        const double lse_i = lse[static_cast<int64_t>(hh) * dm_.S_q + i];
-        if (lse_i == kNegInf) continue;
-        const double* dO = dout(b, h, i);
-        const double Di = Dt[static_cast<int64_t>(hh) * dm_.S_q + i];
+      for (int i0 = 0; i0 < dm_.S_q; i0 += kQueryGroup) {
+        std::array<int, kQueryGroup> rows;
+        std::array<std::array<bool, kKeyBlock>, kQueryGroup> vis{};
+        std::array<const Acc*, kQueryGroup> qa, da;
+        int nr = 0;
+        for (int i = i0; i < std::min(i0 + kQueryGroup, dm_.S_q); ++i) {
+          if (lse[static_cast<int64_t>(hh) * dm_.S_q + i] == kNegInf) continue;
+          bool any = false;
+          for (int t = 0; t < count; ++t) any |= vis[nr][t] = visible(b, i, js[t]);
+          if (!any) continue;
+          qa[nr] = row_in(q(b, h, i), D, q_buf[nr]);
+          da[nr] = row_in(dout(b, h, i), D, do_buf[nr]);
+          rows[nr++] = i;
+        }
+        if (nr == 0) continue;
+        Acc qk[kQueryGroup][kKeyBlock], dp[kQueryGroup][kKeyBlock];
+        block_dots(qa.data(), nr, kt.data(), D, qk);
+        block_dots(da.data(), nr, vt.data(), D, dp);
         for (int t = 0; t < count; ++t) {
-          const double s = score(b, h, i, js[t]);
-          if (s == kNegInf) continue;
-          const double p = prob(s, lse_i);
-          axpy<Acc>(dscore(p, dO, v(b, g, js[t]), Di), q(b, h, i), dk[t], D);
-          axpy<Acc>(p, dO, dv[t], D);
+          std::array<Acc, kQueryGroup> ds, p;
+          std::array<const Acc*, kQueryGroup> qx, dx;
+          int terms = 0;
+          for (int m = 0; m < nr; ++m) {  // in query order
+            if (!vis[m][t]) continue;
+            const int i = rows[m];
+            const double s = score_of(qk[m][t], b, h, i, js[t]);
+            if (s == kNegInf) continue;
+            const double pi = prob(s, lse[static_cast<int64_t>(hh) * dm_.S_q + i]);
+            ds[terms] = static_cast<Acc>(dscore_of(pi, dp[m][t], Dt[static_cast<int64_t>(hh) * dm_.S_q + i]));
+            p[terms] = static_cast<Acc>(pi);
+            qx[terms] = qa[m];
+            dx[terms++] = da[m];
+          }
+          if (terms == 0) continue;
+          axpy_terms(ds.data(), qx.data(), terms, dk_acc.data() + int64_t(t) * D, D);
+          axpy_terms(p.data(), dx.data(), terms, dv_acc.data() + int64_t(t) * D, D);
         }
       }
     }
     for (int t = 0; t < count; ++t)
       for (int d = 0; d < D; ++d) {
-        dk[t][d] = arith_.stored(static_cast<Acc>(in_.scale) * static_cast<Acc>(dk[t][d]));
-        dv[t][d] = arith_.stored(dv[t][d]);
+        dk[t][d] = arith_.stored(static_cast<Acc>(in_.scale) * dk_acc[int64_t(t) * D + d]);
+        dv[t][d] = arith_.stored(dv_acc[int64_t(t) * D + d]);
       }
   }
 
