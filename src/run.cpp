@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <thread>
 
 #include "dataset.h"
 #include "device_buffer.h"
@@ -18,6 +19,7 @@
 #include "flashattn/error.h"
 #include "nvtx.h"
 #include "gpu_context.h"
+#include "parallel.h"
 #include "params_build.h"
 #include "ring.h"
 
@@ -426,14 +428,21 @@ struct Session::Impl {
   RefInputs ref_inputs(bool backward) {
     ensure_host_inputs();
     const Problem& p = in.problem;
+    // The inputs in fp64, [B, H, S, D]: a (batch, head) per task, on every core (a long
+    // sequence's tensors are 10^8 elements and more).
     auto to_bhsd = [&](const HostArray& a, int H, int S) {
-      std::vector<double> out(size_t(dims().B) * H * S * dims().D);
-      const Strides st = layout_strides(p.layout, H, S, dims().D);
-      size_t k = 0;
-      for (int b = 0; b < dims().B; ++b)
-        for (int h = 0; h < H; ++h)
-          for (int i = 0; i < S; ++i)
-            for (int c = 0; c < dims().D; ++c) out[k++] = element_as_double(a, b * st.batch + h * st.head + i * st.row + c);
+      const int D = dims().D;
+      std::vector<double> out(size_t(dims().B) * H * S * D);
+      const Strides st = layout_strides(p.layout, H, S, D);
+      const int64_t tasks = int64_t(dims().B) * H;
+      const int64_t cores = opt.cpu_threads > 0 ? opt.cpu_threads : std::max(1u, std::thread::hardware_concurrency());
+      const int workers = static_cast<int>(std::clamp<int64_t>(int64_t(out.size()) >> 20, 1, std::min(cores, tasks)));
+      parallel_tasks(tasks, workers, [] { return 0; }, [&](int64_t t, int) {
+        const int b = static_cast<int>(t / H), h = static_cast<int>(t % H);
+        double* dst = out.data() + size_t(t) * S * D;
+        for (int i = 0; i < S; ++i)
+          for (int c = 0; c < D; ++c) *dst++ = element_as_double(a, b * st.batch + h * st.head + i * st.row + c);
+      });
       return out;
     };
     if (ref_q.empty()) {
