@@ -6,6 +6,7 @@
 // the calling thread included.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <exception>
@@ -15,6 +16,17 @@
 #include <vector>
 
 namespace flashattn {
+
+// Threads for `tasks` tasks of `total_work` (multiply-adds, elements: a cost of about one each) in
+// all: `requested` (0: every core), but no more than the tasks, and one per 2^18 of work, since
+// starting a thread costs tens of microseconds (tiny problems run on the calling thread).
+inline int parallel_workers(int requested, int64_t tasks, double total_work) {
+  int n = requested > 0 ? requested : static_cast<int>(std::thread::hardware_concurrency());
+  n = std::max(n, 1);
+  constexpr double kMinWorkPerThread = 1 << 18;
+  n = static_cast<int>(std::min<double>(n, std::max(1.0, total_work / kMinWorkPerThread)));
+  return static_cast<int>(std::min<int64_t>(n, std::max<int64_t>(tasks, 1)));
+}
 
 // Runs body(t, state) for every t in [0, tasks) on up to `workers` threads (the calling thread is
 // one of them); each thread makes its own state with make_state() first.

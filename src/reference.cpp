@@ -27,7 +27,6 @@
 #include <limits>
 #include <map>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -509,15 +508,6 @@ void for_each_tile(int64_t begin, int64_t end, int tile, IdOf id_of, Fn fn) {
   }
 }
 
-int worker_count(int requested, int64_t tasks, double total_work) {
-  int n = requested > 0 ? requested : static_cast<int>(std::thread::hardware_concurrency());
-  n = std::max(n, 1);
-  // Starting a thread costs tens of microseconds: tiny problems run on the calling thread.
-  constexpr double kMinWorkPerThread = 1 << 18;
-  n = static_cast<int>(std::min<double>(n, std::max(1.0, total_work / kMinWorkPerThread)));
-  return static_cast<int>(std::min<int64_t>(n, std::max<int64_t>(tasks, 1)));
-}
-
 // Runs body(t, scratch) for every t in [0, tasks), each thread with its own Scratch (parallel.h).
 template <class Body>
 void parallel_tasks(int64_t tasks, int workers, const Dims& dims, Body body) {
@@ -532,7 +522,7 @@ struct Chunking {
 };
 Chunking chunk_rows(int64_t n, double row_cost, int threads) {
   Chunking c;
-  c.workers = worker_count(threads, n, static_cast<double>(n) * row_cost);
+  c.workers = parallel_workers(threads, n, static_cast<double>(n) * row_cost);
   c.chunk = std::max<int64_t>(1, n / (static_cast<int64_t>(c.workers) * 16));
   c.tasks = (n + c.chunk - 1) / c.chunk;
   return c;

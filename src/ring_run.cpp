@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <limits>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "parallel.h"
@@ -55,8 +54,7 @@ void compare_ring_outputs(const KernelOutputs& a, const KernelOutputs& b, RingRe
       double max_abs = 0, beyond_ulp = 0, diff2 = 0, ref2 = 0;
     };
     std::vector<Part> parts(chunks);
-    const int workers = static_cast<int>(std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()), chunks));
-    parallel_tasks(chunks, workers, [] { return 0; }, [&](int64_t c, int) {
+    parallel_tasks(chunks, parallel_workers(0, chunks, double(n)), [] { return 0; }, [&](int64_t c, int) {
       Part& p = parts[c];
       for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
         const double u = element_as_double(*x, i), v = element_as_double(*y, i);

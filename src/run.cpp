@@ -10,7 +10,6 @@
 #include <functional>
 #include <limits>
 #include <map>
-#include <thread>
 
 #include "dataset.h"
 #include "device_buffer.h"
@@ -435,9 +434,7 @@ struct Session::Impl {
       std::vector<double> out(size_t(dims().B) * H * S * D);
       const Strides st = layout_strides(p.layout, H, S, D);
       const int64_t tasks = int64_t(dims().B) * H;
-      const int64_t cores = opt.cpu_threads > 0 ? opt.cpu_threads : std::max(1u, std::thread::hardware_concurrency());
-      const int workers = static_cast<int>(std::clamp<int64_t>(int64_t(out.size()) >> 20, 1, std::min(cores, tasks)));
-      parallel_tasks(tasks, workers, [] { return 0; }, [&](int64_t t, int) {
+      parallel_tasks(tasks, parallel_workers(opt.cpu_threads, tasks, double(out.size())), [] { return 0; }, [&](int64_t t, int) {
         const int b = static_cast<int>(t / H), h = static_cast<int>(t % H);
         double* dst = out.data() + size_t(t) * S * D;
         for (int i = 0; i < S; ++i)
