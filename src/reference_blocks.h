@@ -14,9 +14,9 @@ namespace flashattn::reference_blocks {
 // Dot products in blocks: the rows of a block of up to kKeyBlock key (or value) rows, transposed
 // into the accumulation type once (bt[d * kKeyBlock + u] = row u's element d; missing rows zero),
 // against one query-side row `a` in the same type. Each of the block's sums runs in exactly the
-// order of reference.cpp's dot() on that pair alone (fp64: dot_f64's four partial sums; fp32: one running sum in
-// element order), so no result depends on the block; but the sums run side by side, where one
-// at a time each addition waits for the one before it.
+// order of reference.cpp's dot() on that pair alone (fp64: dot_f64's four partial sums; fp32:
+// one running sum in element order), so no result depends on the block; but the sums run side by
+// side, where one at a time each addition waits for the one before it.
 constexpr int kKeyBlock = 8;
 
 template <class Acc>
