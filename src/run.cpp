@@ -9,7 +9,6 @@
 #include <cstring>
 #include <functional>
 #include <limits>
-#include <map>
 
 #include "dataset.h"
 #include "device_buffer.h"
@@ -18,9 +17,9 @@
 #include "flashattn/error.h"
 #include "nvtx.h"
 #include "gpu_context.h"
-#include "parallel.h"
 #include "params_build.h"
 #include "ring.h"
+#include "run_check.h"
 
 namespace flashattn {
 
@@ -72,11 +71,7 @@ struct Session::Impl {
   bool uploaded = false;
   DeviceBuffer d_q, d_k, d_v, d_do, d_mask, d_seqlens;
 
-  // Reference cache per mode.
-  std::vector<double> ref_q, ref_k, ref_v, ref_do;
-  std::map<int, RowSelection> selection;
-  std::map<int, ReferenceRows> reference;
-  std::map<int, OutputErrors> baseline;  // the same-dtype baseline's errors per mode
+  CheckCache checks;  // the reference for --check, kept for every kernel checked on these inputs
 
   const Dims& dims() const { return in.problem.dims; }
 
@@ -423,81 +418,6 @@ struct Session::Impl {
     return r;
   }
 
-  // ---- validation -------------------------------------------------------------------------------
-  RefInputs ref_inputs(bool backward) {
-    ensure_host_inputs();
-    const Problem& p = in.problem;
-    // The inputs in fp64, [B, H, S, D]: a (batch, head) per task, on every core (a long
-    // sequence's tensors are 10^8 elements and more).
-    auto to_bhsd = [&](const HostArray& a, int H, int S) {
-      const int D = dims().D;
-      std::vector<double> out(size_t(dims().B) * H * S * D);
-      const Strides st = layout_strides(p.layout, H, S, D);
-      const int64_t tasks = int64_t(dims().B) * H;
-      parallel_tasks(tasks, parallel_workers(opt.cpu_threads, tasks, double(out.size())), [] { return 0; }, [&](int64_t t, int) {
-        const int b = static_cast<int>(t / H), h = static_cast<int>(t % H);
-        double* dst = out.data() + size_t(t) * S * D;
-        for (int i = 0; i < S; ++i)
-          for (int c = 0; c < D; ++c) *dst++ = element_as_double(a, b * st.batch + h * st.head + i * st.row + c);
-      });
-      return out;
-    };
-    if (ref_q.empty()) {
-      ref_q = to_bhsd(in.q, dims().H, dims().S_q);
-      ref_k = to_bhsd(in.k, dims().H_kv, dims().S_k);
-      ref_v = to_bhsd(in.v, dims().H_kv, dims().S_k);
-    }
-    if (backward && ref_do.empty()) ref_do = to_bhsd(*in.dout, dims().H, dims().S_q);
-    RefInputs r;
-    r.dims = dims();
-    r.scale = p.scale;
-    r.causal = p.causal;
-    r.window_left = p.window_left;
-    r.window_right = p.window_right;
-    r.q = ref_q.data(), r.k = ref_k.data(), r.v = ref_v.data();
-    r.dout = backward ? ref_do.data() : nullptr;
-    r.seqlens_k = in.seqlens_k ? in.seqlens_k->data<int32_t>() : nullptr;
-    if (in.mask) r.mask = mask_view(in.mask->shape, dims(), in.mask->data<float>(), "mask");
-    r.threads = opt.cpu_threads;
-    return r;
-  }
-
-  const RowSelection& rows_for(Mode m) {
-    const int key = static_cast<int>(m);
-    auto it = selection.find(key);
-    if (it == selection.end())
-      it = selection.emplace(key, select_rows(dims(), m == Mode::Backward, opt.check_budget_macs, opt.seed)).first;
-    return it->second;
-  }
-
-  const ReferenceRows& reference_for(Mode m) {
-    const int key = static_cast<int>(m);
-    auto it = reference.find(key);
-    if (it == reference.end()) {
-      const bool bwd = m == Mode::Backward;
-      it = reference.emplace(key, compute_reference(ref_inputs(bwd), rows_for(m), bwd)).first;
-    }
-    return it->second;
-  }
-
-  std::vector<std::pair<std::string, ErrorStats>> errors_of(const KernelOutputs& out, Mode m) {
-    const RowSelection& sel = rows_for(m);
-    return measure_errors(gather_rows(out, sel, dims(), in.problem.layout), reference_for(m), dims().D);
-  }
-
-  // Errors of the same-dtype baseline (fp16/bf16) against the reference, on the same rows.
-  const OutputErrors* baseline_for(Mode m) {
-    const int key = static_cast<int>(m);
-    auto it = baseline.find(key);
-    if (it == baseline.end()) {
-      const bool bwd = m == Mode::Backward;
-      NvtxRange range("same-dtype baseline");
-      const ReferenceRows rows = compute_baseline(ref_inputs(bwd), rows_for(m), bwd, in.problem.dtype);
-      it = baseline.emplace(key, measure_errors(rows, reference_for(m), dims().D)).first;
-    }
-    return &it->second;
-  }
-
   void validate(const KernelMode& e, RunRecord& rec) {
     const DType t = in.problem.dtype;
     // The oracle (KernelRole::Reference) in fp64 is the reference itself; in another dtype its
@@ -507,14 +427,8 @@ struct Session::Impl {
       rec.check.note = "cpu is the reference";
       return;
     }
-    auto errs = errors_of(rec.outputs, e.mode);
-    const bool half = t == DType::F16 || t == DType::BF16;
-    rec.check = judge(errs, t, half ? baseline_for(e.mode) : nullptr);
-    const RowSelection& sel = rows_for(e.mode);
-    rec.check.rows_checked = static_cast<int64_t>(sel.q_rows.size());
-    rec.check.rows_total = sel.q_total;
-    rec.check.key_rows_checked = static_cast<int64_t>(sel.k_rows.size());
-    rec.check.key_rows_total = sel.k_total;
+    ensure_host_inputs();
+    rec.check = checks.check(rec.outputs, e.mode, in, opt);
   }
 };
 
