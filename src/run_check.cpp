@@ -25,6 +25,15 @@ std::vector<double> to_bhsd(const HostArray& a, const Dims& dims, Layout layout,
   return out;
 }
 
+// The entry of mode m in one of the cache's maps, made by make() on first use.
+template <class Map, class Make>
+const typename Map::mapped_type& cached(Map& map, Mode m, Make make) {
+  const int key = static_cast<int>(m);
+  auto it = map.find(key);
+  if (it == map.end()) it = map.emplace(key, make()).first;
+  return it->second;
+}
+
 }  // namespace
 
 RefInputs CheckCache::ref_inputs(bool backward, const RunInputs& in, const SessionOptions& opt) {
@@ -51,34 +60,26 @@ RefInputs CheckCache::ref_inputs(bool backward, const RunInputs& in, const Sessi
 }
 
 const RowSelection& CheckCache::rows_for(Mode m, const RunInputs& in, const SessionOptions& opt) {
-  const int key = static_cast<int>(m);
-  auto it = selection.find(key);
-  if (it == selection.end())
-    it = selection.emplace(key, select_rows(in.problem.dims, m == Mode::Backward, opt.check_budget_macs, opt.seed)).first;
-  return it->second;
+  return cached(selection, m, [&] {
+    return select_rows(in.problem.dims, m == Mode::Backward, opt.check_budget_macs, opt.seed);
+  });
 }
 
 const ReferenceRows& CheckCache::reference_for(Mode m, const RunInputs& in, const SessionOptions& opt) {
-  const int key = static_cast<int>(m);
-  auto it = reference.find(key);
-  if (it == reference.end()) {
+  return cached(reference, m, [&] {
     const bool bwd = m == Mode::Backward;
-    it = reference.emplace(key, compute_reference(ref_inputs(bwd, in, opt), rows_for(m, in, opt), bwd)).first;
-  }
-  return it->second;
+    return compute_reference(ref_inputs(bwd, in, opt), rows_for(m, in, opt), bwd);
+  });
 }
 
 // Errors of the same-dtype baseline (fp16/bf16) against the reference, on the same rows.
 const OutputErrors& CheckCache::baseline_for(Mode m, const RunInputs& in, const SessionOptions& opt) {
-  const int key = static_cast<int>(m);
-  auto it = baseline.find(key);
-  if (it == baseline.end()) {
+  return cached(baseline, m, [&] {
     const bool bwd = m == Mode::Backward;
     NvtxRange range("same-dtype baseline");
     const ReferenceRows rows = compute_baseline(ref_inputs(bwd, in, opt), rows_for(m, in, opt), bwd, in.problem.dtype);
-    it = baseline.emplace(key, measure_errors(rows, reference_for(m, in, opt), in.problem.dims.D)).first;
-  }
-  return it->second;
+    return measure_errors(rows, reference_for(m, in, opt), in.problem.dims.D);
+  });
 }
 
 CheckResult CheckCache::check(const KernelOutputs& out, Mode m, const RunInputs& in, const SessionOptions& opt) {
