@@ -365,8 +365,13 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
     for (const Impl::Block& blk : d.blocks) s.dq_accum = s.dq_accum && blk.call.q_row0 % kDqAccumRows == 0;
   s.dq_accum = env_switch("FLASHATTN_RING_DQ_ACCUM", s.dq_accum);
   // The own block beside the others on a second kernels' stream, except in a two-GPU forward
-  // whose last block takes the whole GPU (ring_impl.h).
-  const bool side = env_switch("FLASHATTN_RING_SIDE_STREAM", s.n() > 1);
+  // whose last block takes the whole GPU, and a backward whose shards are 65536 rows or more
+  // without a causal mask (ring_impl.h). FLASHATTN_RING_SIDE_STREAM=0 or 1 decides instead.
+  const bool big_unmasked = !s.prob.causal && S / s.n() >= kRingOneStreamRows;
+  const bool side_default = s.n() > 1 && !(s.backward && big_unmasked);
+  const bool side = std::getenv("FLASHATTN_RING_SIDE_STREAM") != nullptr
+                        ? s.n() > 1 && env_switch("FLASHATTN_RING_SIDE_STREAM", true)
+                        : side_default;
   s.last_alone_fwd = !s.backward && s.n() == 2 && env_switch("FLASHATTN_RING_LAST_ALONE", true);
   s.side_fwd = side && !s.last_alone_fwd;
   s.kernel_merge = s.last_alone_fwd && s.fwd_entry->merges_output != nullptr &&

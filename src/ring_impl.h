@@ -28,6 +28,10 @@
 
 namespace flashattn {
 
+// Shards of this many rows or more without a causal mask: the backward on one stream (Impl's
+// side_bwd).
+constexpr int kRingOneStreamRows = 65536;
+
 namespace ring_detail {
 
 inline void nccl_check(ncclResult_t r, const char* what, const char* file, int line) {
@@ -122,7 +126,11 @@ struct Ring::Impl {
   // own workspace, and the backward's own block its own gradients (dkv_own; dq_own unless dQ
   // goes into dq_acc by the kernel's reductions), added when the outputs are rounded; the
   // backward needs fp32 gradients and not --deterministic (the order of dQ's additions).
-  // FLASHATTN_RING_SIDE_STREAM=0 turns it off (the ablation).
+  // Not in a backward whose shards are kRingOneStreamRows or more without a causal mask: there
+  // the first K/V transfer is about 1 % of a block, nothing to fill, and the two kernels sharing
+  // the GPU measured 0.8-2.7 % slower than one stream (128k, two GPUs; docs/PERF.md); 64k without
+  // a mask was level, under a causal mask the second stream gained 0-1.6 %.
+  // FLASHATTN_RING_SIDE_STREAM=0 or 1 overrides the choice (the ablation).
   // side_gated: under GQA the backward's own block starts only once the first K/V shard has
   // arrived. A GQA CTA sums its group's heads: started at once, the own block's first CTAs (under
   // causal the longest) held the SMs for several times the first transfer and the remote block
