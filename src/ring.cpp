@@ -196,15 +196,17 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
 
 namespace {
 
-// A switch from the environment (an ablation): `on` unless NAME says 0; anything but 0 or 1 is
-// refused.
-bool env_switch(const char* name, bool on) {
+// A choice from the environment (an ablation): NAME=0 or 1 decides, unset leaves `dflt`;
+// anything else is refused.
+bool env_choice(const char* name, bool dflt) {
   const char* v = std::getenv(name);
-  if (v == nullptr) return on;
+  if (v == nullptr) return dflt;
   if (std::string(v) != "0" && std::string(v) != "1")
     throw RuntimeError(std::string(name) + ": expected 0 or 1, got '" + v + "'");
-  return on && std::string(v) == "1";
+  return std::string(v) == "1";
 }
+// A switch that can only be turned off: `on` unless NAME says 0.
+bool env_switch(const char* name, bool on) { return on && env_choice(name, true); }
 
 // The NCCL unique id of a ring of processes, through a file: rank 0 creates it (atomically:
 // written beside it, then renamed), the others wait for it.
@@ -368,10 +370,7 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
   // whose last block takes the whole GPU, and a backward whose shards are 65536 rows or more
   // without a causal mask (ring_impl.h). FLASHATTN_RING_SIDE_STREAM=0 or 1 decides instead.
   const bool big_unmasked = !s.prob.causal && S / s.n() >= kRingOneStreamRows;
-  const bool side_default = s.n() > 1 && !(s.backward && big_unmasked);
-  const bool side = std::getenv("FLASHATTN_RING_SIDE_STREAM") != nullptr
-                        ? s.n() > 1 && env_switch("FLASHATTN_RING_SIDE_STREAM", true)
-                        : side_default;
+  const bool side = s.n() > 1 && env_choice("FLASHATTN_RING_SIDE_STREAM", !(s.backward && big_unmasked));
   s.last_alone_fwd = !s.backward && s.n() == 2 && env_switch("FLASHATTN_RING_LAST_ALONE", true);
   s.side_fwd = side && !s.last_alone_fwd;
   s.kernel_merge = s.last_alone_fwd && s.fwd_entry->merges_output != nullptr &&
