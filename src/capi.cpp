@@ -8,7 +8,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -26,6 +25,7 @@
 #include "report.h"
 #include "timing.h"
 #include "validate.h"
+#include "stopwatch.h"
 
 namespace {
 
@@ -134,7 +134,7 @@ struct Checker {
   std::string check(const void* const* t) {
     const flashattn::Dims& d = p.d;
     const bool half = p.dtype == DType::F16 || p.dtype == DType::BF16;
-    const auto t0 = std::chrono::steady_clock::now();
+    const flashattn::Stopwatch since_start;
     if (!ref) {
       ref = flashattn::compute_reference(p.in, sel, p.backward);
       if (half) base = flashattn::measure_errors(flashattn::compute_baseline(p.in, sel, p.backward, p.dtype), *ref, d.D);
@@ -156,7 +156,7 @@ struct Checker {
     c.rows_total = sel.q_total;
     c.key_rows_checked = static_cast<int64_t>(sel.k_rows.size());
     c.key_rows_total = sel.k_total;
-    c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    c.seconds = since_start.seconds();
     return flashattn::check_json(c).dump();
   }
 };

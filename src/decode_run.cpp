@@ -3,7 +3,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <random>
 #include <set>
@@ -18,6 +17,7 @@
 #include "nvtx.h"
 #include "params_build.h"
 #include "validate.h"
+#include "stopwatch.h"
 
 namespace flashattn {
 
@@ -350,7 +350,7 @@ struct DecodeSession::Impl {
   }
 
   void validate(const KernelMode& e, Step& s, DecodeRecord& rec) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const Stopwatch since_start;
     auto errs = errors_of(s.out);
     const bool half = in.dtype == DType::F16 || in.dtype == DType::BF16;
     rec.run.check = judge(errs, in.dtype, half ? baseline_errors() : nullptr);
@@ -367,7 +367,7 @@ struct DecodeSession::Impl {
       rec.cache_ok = rec.cache_mismatches == 0;
       rec.run.check.passed = rec.run.check.passed && rec.cache_ok;
     }
-    rec.run.check.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rec.run.check.seconds = since_start.seconds();
   }
 };
 

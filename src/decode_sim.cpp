@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -23,6 +22,7 @@
 #include "problem.h"
 #include "random.h"
 #include "validate.h"
+#include "stopwatch.h"
 
 namespace flashattn {
 
@@ -222,7 +222,7 @@ class Simulation {
 
   // The last step's O and lse against the fp64 reference over the cache the run built.
   CheckResult check_last_step() const {
-    const auto t0 = std::chrono::steady_clock::now();
+    const Stopwatch since_start;
     const DecodeDims& d = d_;
     DecodeInputs h;
     h.dims = cd_;
@@ -263,7 +263,7 @@ class Simulation {
     CheckResult c = judge(measure_errors(got, want, d.D), t_, half ? &base : nullptr);
     c.rows_checked = c.rows_total = static_cast<int64_t>(rows.size());
     c.note = "the last step, against the cache the run built";
-    c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    c.seconds = since_start.seconds();
     return c;
   }
 

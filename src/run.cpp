@@ -3,7 +3,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -20,6 +19,7 @@
 #include "params_build.h"
 #include "ring.h"
 #include "run_check.h"
+#include "stopwatch.h"
 
 namespace flashattn {
 
@@ -501,10 +501,10 @@ RunRecord Session::run(const KernelMode& e) {
   const std::string fault = inject_fault_if_asked(e.kernel, rec.outputs);
   if (!fault.empty()) rec.notes.push_back(fault);
   if (s.opt.check && (!rec.ring || s.ring->root())) {  // a ring's root has the outputs
-    const auto t0 = std::chrono::steady_clock::now();
+    const Stopwatch since_start;
     s.validate(e, rec);
     judge_ring_vs_one_gpu(rec);
-    if (rec.check.performed) rec.check.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rec.check.performed) rec.check.seconds = since_start.seconds();
   }
 
   const double sec = rec.timing.median_ms * 1e-3;

@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -21,6 +20,7 @@
 #include "report.h"
 #include "run.h"
 #include "sweep.h"
+#include "stopwatch.h"
 
 namespace flashattn {
 
@@ -243,7 +243,7 @@ int run_sweep(const AppOptions& opt) {
 
   size_t total_runs = 0, done_runs = 0;
   for (const SweepPoint& p : grid.points) total_runs += p.kernels.size() * p.modes.size();
-  const auto t0 = std::chrono::steady_clock::now();
+  const Stopwatch since_start;
   json all_runs = json::array();
   std::vector<std::string> table;
 
@@ -276,7 +276,7 @@ int run_sweep(const AppOptions& opt) {
     }
 
     done_runs += pt.kernels.size() * pt.modes.size();
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double elapsed = since_start.seconds();
     std::string line = fmt::format("[{:>{}}/{}] {}:", i + 1, std::to_string(grid.points.size()).size(),
                                    grid.points.size(), point_title(prob));
     for (size_t r = 0; r < records.size(); ++r) line += (r ? ", " : " ") + run_summary(records[r]);

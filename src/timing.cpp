@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -11,6 +10,7 @@
 #include "flashattn/check.h"
 #include "flashattn/timing_kernels.h"
 #include "nvtx.h"
+#include "stopwatch.h"
 
 namespace flashattn {
 
@@ -191,7 +191,7 @@ TimingStats GpuTimer::time(const std::function<void()>& launch, cudaStream_t str
   std::string reason;
   int batch = 1, max_batch = kMaxBatch, reruns = 0;
   const unsigned long long timeouts0 = hold_.timeouts();
-  const auto t0 = std::chrono::steady_clock::now();
+  const Stopwatch since_start;
   double wall = 0;
   {
     NvtxRange range("timed");
@@ -211,7 +211,7 @@ TimingStats GpuTimer::time(const std::function<void()>& launch, cudaStream_t str
       if (kHold) hold_.release();
       if (probe) add_clock_reading(*probe, clock, clock_sum);  // while the batch runs
       CUDA_CHECK(cudaEventSynchronize(events.ev[2 * b - 1]));
-      wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      wall = since_start.seconds();
       if (hold_.timeouts() != before) {
         max_batch = std::max(1, max_batch / 2);
         if (++reruns >= kMaxReruns) reason = "hold_timeout";
@@ -264,12 +264,11 @@ TimingStats time_cpu(const std::function<void()>& fn, const TimingOptions& opt) 
   for (int i = 0; i < opt.warmup; ++i) fn();
   std::vector<double> samples;
   double total = 0;
-  const auto t0 = std::chrono::steady_clock::now();
+  const Stopwatch since_start;
   while ((int)samples.size() < opt.repeat || (total < opt.min_time_ms && (int)samples.size() < opt.max_repeat)) {
-    auto t1 = std::chrono::steady_clock::now();
+    const Stopwatch one;
     fn();
-    auto t2 = std::chrono::steady_clock::now();
-    double ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
+    const double ms = 1e3 * one.seconds();
     samples.push_back(ms);
     total += ms;
   }
@@ -277,7 +276,7 @@ TimingStats time_cpu(const std::function<void()>& fn, const TimingOptions& opt) 
   t.warmup = opt.warmup;
   t.min_samples = opt.repeat;
   t.stop_reason = "min_samples";  // host kernels: a fixed count, no noise rule
-  t.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  t.wall_s = since_start.seconds();
   return t;
 }
 
