@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """A model of ring attention on larger rings, from measured numbers.
 
-    ring_model.py RUNS.jsonl [RUNS.jsonl ...] [--link-gbps 360] [--latency-us 20]
-                  [--N 2,4,8,16,32,64] [--S 32768,131072,1048576] [--H 32 --H-kv 32 --D 128]
+    ring_model.py RUNS.jsonl [RUNS.jsonl ...] [--compare MORE.jsonl ...] [--link-gbps 360]
+                  [--latency-us 20] [--N 2,4,8,16,32,64] [--S 32768,131072,1048576]
+                  [--H 32 --H-kv 32 --D 128]
 
 RUNS are flashattn session JSON (Lines) files from runs with --devices (their `ring` object carries
 the same kernel's one-GPU time) and/or one-GPU runs; only runs that passed --check are used.
+--compare names rings that are set beside the model but left out of its fit (a larger ring
+measured after the model was fitted on smaller ones: an out-of-sample test).
 
 The model, per mode (forward, backward) and mask (causal or not):
   * Kernel rate. A block of P visible (query, key) pairs per head runs at
@@ -23,8 +26,9 @@ The model, per mode (forward, backward) and mask (causal or not):
     first shard, and what is left of it covers the last accumulator's hop home.
   * Scaling efficiency = T(1 GPU, S) / (N * T(ring of N, S)); per-GPU TFLOP/s = FLOPs / N / T.
 
-Where the inputs hold ring runs of N = 2, the model's prediction for those points is printed next
-to the measurement. Prints markdown tables; --json writes the predictions.
+Where the inputs (or --compare) hold ring runs, the model's prediction for those points is printed
+next to the measurement, with whether the point was in the fit. Prints markdown tables; --json
+writes the predictions.
 """
 import argparse
 import json
@@ -160,6 +164,8 @@ def predict(rate, mode, causal, N, S, B, H, H_kv, D, dtype, link_gbps, latency_u
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="flashattn session JSON / JSON Lines files (runs with --check)")
+    ap.add_argument("--compare", nargs="+", default=[],
+                    help="more such files whose rings are compared with the model but not fitted")
     ap.add_argument("--link-gbps", type=float, default=360.0,
                     help="one direction of the link between neighbours, GB/s (default 360: NCCL send/recv of "
                          "1 GiB between two NVLink H100s)")
@@ -188,9 +194,9 @@ def main(argv=None):
             "one_gpu": {"r_max_tflops": rate.r_max, "p_half": rate.p_half},
             "ring_step": {"r_max_tflops": st.r_max, "p_half": st.p_half} if st else None}
 
-    # The model against the measured rings.
+    # The model against the measured rings: those it was fitted on, then those it was not.
     rows = []
-    for r in runs:
+    for fitted, r in [(True, r) for r in runs] + [(False, r) for r in load_runs(a.compare)]:
         ring = r.get("ring")
         if not ring or (r["mode"], bool(r["flags"].get("causal"))) not in rates:
             continue
@@ -203,19 +209,21 @@ def main(argv=None):
         if ring.get("one_gpu_median_ms"):  # the measured one-GPU time, not its fit, where there is one
             eff = ring["one_gpu_median_ms"] / (N * ms)
         rows.append((r["mode"], s, r["flags"].get("causal"), N, ms, r["timing"]["median_ms"], eff,
-                     ring.get("scaling_efficiency")))
+                     ring.get("scaling_efficiency"), fitted))
         out["checks"].append({"mode": r["mode"], "shape": s, "causal": r["flags"].get("causal"), "N": N,
                               "predicted_ms": ms, "measured_ms": r["timing"]["median_ms"],
-                              "predicted_efficiency": eff, "measured_efficiency": ring.get("scaling_efficiency")})
+                              "predicted_efficiency": eff, "measured_efficiency": ring.get("scaling_efficiency"),
+                              "in_fit": fitted})
     if rows:
         print("Measured rings against the model\n")
-        print("| mode | shape | N | predicted ms | measured ms | predicted efficiency | measured efficiency |")
-        print("|---|---|---|---|---|---|---|")
-        for mode, s, causal, N, ms, meas, eff, meff in rows:
+        print("| mode | shape | N | predicted ms | measured ms | predicted efficiency | measured efficiency | in the fit |")
+        print("|---|---|---|---|---|---|---|---|")
+        for mode, s, causal, N, ms, meas, eff, meff, fitted in rows:
             shape = f"B{s['B']} H{s['H']}" + (f"/{s['H_kv']}" if s["H_kv"] != s["H"] else "") + \
                     f" S{s['S_q']} D{s['D']}" + (" causal" if causal else "")
             measured = f"{meff:.3f}" if meff is not None else "–"
-            print(f"| {mode} | {shape} | {N} | {ms:.3f} | {meas:.3f} | {eff:.3f} | {measured} |")
+            print(f"| {mode} | {shape} | {N} | {ms:.3f} | {meas:.3f} | {eff:.3f} | {measured} | "
+                  f"{'yes' if fitted else 'no'} |")
         print()
 
     for (mode, causal), rate in sorted(rates.items()):

@@ -64,6 +64,26 @@ def test_cli_prints_the_measured_rings_and_ignores_failed_checks(tmp_path):
     assert all(0 < p["efficiency"] <= 1.0 for p in pred["predictions"])
 
 
+def test_compare_sets_rings_beside_the_model_without_fitting_them(tmp_path):
+    fit = tmp_path / "fit.jsonl"
+    fit.write_text(json.dumps({"runs": [ring_run(16384, False, 4.0, 6.0, 540.0),
+                                        ring_run(32768, False, 15.5, 28.0, 565.0)]}) + "\n")
+    four = dict(ring_run(65536, False, 30.0, 110.0, 400.0))  # a far slower per-GPU rate: unfitted, no effect
+    four["ring"] = dict(four["ring"], devices=[0, 1, 2, 3], scaling_efficiency=110.0 / (4 * 30.0))
+    more = tmp_path / "four.jsonl"
+    more.write_text(json.dumps({"runs": [four]}) + "\n")
+    cmd = [sys.executable, str(ROOT / "scripts" / "ring_model.py"), str(fit), "--N", "2,4", "--S", "65536"]
+    alone = subprocess.run(cmd + ["--json", str(tmp_path / "a.json")], capture_output=True, text=True)
+    both = subprocess.run(cmd + ["--compare", str(more), "--json", str(tmp_path / "b.json")], capture_output=True,
+                          text=True)
+    assert alone.returncode == 0 and both.returncode == 0, alone.stderr + both.stderr
+    a, b = (json.loads((tmp_path / n).read_text()) for n in ("a.json", "b.json"))
+    assert a["fits"] == b["fits"] and a["predictions"] == b["predictions"]
+    assert [c["in_fit"] for c in b["checks"]] == [True, True, False]
+    row = [line for line in both.stdout.splitlines() if "| S65536" in line or "S65536 D128 | 4 |" in line][0]
+    assert row.startswith("| forward | B1 H32 S65536 D128 | 4 |") and row.endswith("| 0.917 | no |")
+
+
 def test_the_shipped_measurement_loads():
     f = ROOT / "docs" / "results" / "ring_2gpu_forward.jsonl"
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "ring_model.py"), str(f), "--N", "2", "--S", "32768"],
