@@ -50,13 +50,6 @@ std::string point_title(const Problem& p) {
   return t;
 }
 
-std::string run_summary(const RunRecord& r) {
-  const std::string who = fmt::format("{} {}", r.kernel, r.mode == Mode::Forward ? "fwd" : "bwd");
-  if (!r.ok()) return fmt::format("{} {}", who, status_name(r.status));
-  return fmt::format("{} {:.3g} ms {:.1f} TFLOP/s{}", who, r.timing.median_ms, r.tflops,
-                     r.timing.noise_rule == 0 ? " (noisy)" : "");
-}
-
 // Every GPU kernel (`--compute all` in a sweep; the cpu kernel only when named).
 std::vector<std::string> gpu_kernels() {
   std::vector<std::string> out;
@@ -183,6 +176,15 @@ std::vector<RunRecord> run_point(const SweepPoint& pt, const Problem& prob, Swee
 
 }  // namespace
 
+std::string sweep_run_summary(const RunRecord& r) {
+  const std::string who = fmt::format("{} {}", r.kernel, r.mode == Mode::Forward ? "fwd" : "bwd");
+  if (!r.ok()) return fmt::format("{} {}", who, status_name(r.status));
+  // A ring's TFLOP/s are its GPUs' together: say over how many.
+  const std::string over = r.ring && r.ring->size > 1 ? fmt::format(" over {} GPUs", r.ring->size) : "";
+  return fmt::format("{} {:.3g} ms {:.1f} TFLOP/s{}{}", who, r.timing.median_ms, r.tflops, over,
+                     r.timing.noise_rule == 0 ? " (noisy)" : "");
+}
+
 int run_sweep(const AppOptions& opt) {
   if (!opt.data.empty()) throw InputError("--sweep: generates its inputs from --seed; drop --data");
   if (!opt.out.empty()) throw InputError("--sweep: writes no data files; drop --out");
@@ -246,6 +248,7 @@ int run_sweep(const AppOptions& opt) {
   const Stopwatch since_start;
   json all_runs = json::array();
   std::vector<std::string> table;
+  int ring_gpus = 0;  // GPUs of the sweep's rings (--devices), 0 without
 
   for (size_t i = 0; i < grid.points.size(); ++i) {
     const SweepPoint& pt = grid.points[i];
@@ -279,7 +282,7 @@ int run_sweep(const AppOptions& opt) {
     const double elapsed = since_start.seconds();
     std::string line = fmt::format("[{:>{}}/{}] {}:", i + 1, std::to_string(grid.points.size()).size(),
                                    grid.points.size(), point_title(prob));
-    for (size_t r = 0; r < records.size(); ++r) line += (r ? ", " : " ") + run_summary(records[r]);
+    for (size_t r = 0; r < records.size(); ++r) line += (r ? ", " : " ") + sweep_run_summary(records[r]);
     const double eta = done_runs ? elapsed * double(total_runs - done_runs) / double(done_runs) : 0;
     line += fmt::format(" | {} elapsed, ETA {}", duration_str(elapsed), duration_str(eta));
     if (!opt.quiet) std::fprintf(stderr, "%s\n", line.c_str());
@@ -288,6 +291,7 @@ int run_sweep(const AppOptions& opt) {
           ? fmt::format("{:>10.4f} {:>9.2f} {:>10.1f}", r.timing.median_ms, r.tflops, r.memory.peak_bytes / 1048576.0)
           : fmt::format("{}: {}", status_name(r.status), r.reason);
       table.push_back(fmt::format("{:<32} {:<10} {:<8} {}", point_title(prob), r.kernel, mode_name(r.mode), res));
+      if (r.ring) ring_gpus = r.ring->size;
     }
   }
 
@@ -304,6 +308,8 @@ int run_sweep(const AppOptions& opt) {
     std::string out = fmt::format("{:<32} {:<10} {:<8} {:>10} {:>9} {:>10}\n", "problem", "kernel", "mode", "median ms",
                                   "TFLOP/s", "peak MiB");
     for (const std::string& l : table) out += l + "\n";
+    if (ring_gpus > 1)
+      out += fmt::format("(a ring's TFLOP/s: its {} GPUs together; per GPU in the JSON's ring.per_gpu)\n", ring_gpus);
     std::fputs(out.c_str(), human);
   }
   return exit_code(cx.any_failed, cx.any_check_failed);

@@ -21,6 +21,7 @@
 
 #include "app.h"
 #include "problem.h"
+#include "run.h"
 
 namespace flashattn {
 
@@ -49,6 +50,9 @@ struct SweepDefaults {
 SweepGrid load_sweep(const std::string& spec, const SweepDefaults& cli);
 // The grid as a preset file with every field explicit (what --dry-run prints).
 nlohmann::json sweep_grid_json(const SweepGrid& g);
+
+// One run in a point's progress line: "hopper fwd 15.2 ms 2320.0 TFLOP/s over 4 GPUs (noisy)".
+std::string sweep_run_summary(const RunRecord& r);
 
 // Runs the sweep; returns the exit code (0; 1 if a run failed; 3 if a --check failed).
 int run_sweep(const AppOptions& opt);

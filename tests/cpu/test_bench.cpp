@@ -180,3 +180,19 @@ TEST(SweepGrid, BadPresetsNameTheFileAndThePoint) {
     }
   }
 }
+
+TEST(SweepProgress, ARingSaysOverHowManyGpusItsTflopsAre) {
+  flashattn::RunRecord r;
+  r.kernel = "hopper";
+  r.mode = flashattn::Mode::Forward;
+  r.timing.median_ms = 15.17;
+  r.tflops = 2320.0;
+  r.timing.noise_rule = 1;
+  EXPECT_EQ(flashattn::sweep_run_summary(r), "hopper fwd 15.2 ms 2320.0 TFLOP/s");
+  r.ring.emplace();
+  r.ring->size = 4;
+  r.timing.noise_rule = 0;
+  EXPECT_EQ(flashattn::sweep_run_summary(r), "hopper fwd 15.2 ms 2320.0 TFLOP/s over 4 GPUs (noisy)");
+  r.status = flashattn::RunStatus::Skipped;
+  EXPECT_EQ(flashattn::sweep_run_summary(r).rfind("hopper fwd ", 0), 0u);
+}
