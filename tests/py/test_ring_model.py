@@ -125,3 +125,10 @@ def test_peers_ring_reads_the_presets_as_flashattn_does():
     assert name == "ring" and len(points) == 10  # five points, causal off and on
     assert all(p["modes"] == ["forward", "backward"] and p["S_q"] == p["S_k"] for p in points)
     assert {p["H_kv"] for p in points} == {32, 8}
+
+
+def test_ring_rs_cost_documents_itself_without_a_gpu():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "ring_rs_cost.py"), "--help"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    assert "reduce-scatter" in r.stdout and "--sweep" in r.stdout
