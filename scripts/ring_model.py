@@ -216,7 +216,8 @@ def main(argv=None):
                               "in_fit": fitted})
     if rows:
         print("Measured rings against the model\n")
-        print("| mode | shape | N | predicted ms | measured ms | predicted efficiency | measured efficiency | in the fit |")
+        print("| mode | shape | N | predicted ms | measured ms | predicted efficiency | measured efficiency "
+              "| in the fit |")
         print("|---|---|---|---|---|---|---|---|")
         for mode, s, causal, N, ms, meas, eff, meff, fitted in rows:
             shape = f"B{s['B']} H{s['H']}" + (f"/{s['H_kv']}" if s["H_kv"] != s["H"] else "") + \

@@ -74,8 +74,9 @@ def main():
                   f"{r['median_ms']:.3f} | {r['min_ms']:.3f} | {r['algo_gbps']:.0f} |")
         if a.json:
             with open(a.json, "w") as f:
-                json.dump({"tool": "ring_rs_cost.py", "command_line": " ".join(["scripts/ring_rs_cost.py"] + sys.argv[1:]),
-                       "device": torch.cuda.get_device_name(), "runs": rows}, f, indent=1)
+                doc = {"tool": "ring_rs_cost.py", "command_line": " ".join(["scripts/ring_rs_cost.py"] + sys.argv[1:]),
+                   "device": torch.cuda.get_device_name(), "runs": rows}
+            json.dump(doc, f, indent=1)
     dist.destroy_process_group()
     return 0
 
