@@ -19,7 +19,12 @@
 //                 dS -> shared memory (stmatrix, transposing);  dQ_i = dS K_j over the block's
 //                 128 keys: D128 by warpgroup 2 alone (all 64 queries) while warpgroup 1 goes
 //                 on to the next Q block, D64 by both (64 queries each); dQ -> shared memory;
-//                 the dQ writer thread adds it into the accumulator
+//                 the dQ writer thread adds it into the accumulator. D128: a CTA starts its
+//                 steps where the running CTAs of its (batch, kv head) are (each producer
+//                 publishes its position every 8 steps; the list wraps around): CTAs launched as
+//                 others finish would otherwise spread over the whole Q range, whose Q, dO and
+//                 dQ accumulator outgrow L2 at long S (one H200, B1 H32 S131072: 4.6 %
+//                 faster, level at S = 65536; on only where they outgrow L2: phased())
 //               dK_j·scale, dV_j -> 16-bit -> shared memory -> TMA stores (grads_f32, a ring's
 //               blocks: fp32 straight from registers to global memory)
 //   convert     dQ = scale · accumulator, un-permuted (16-row groups in the fragments' order,
@@ -59,6 +64,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "common/bwd_row_stats.cuh"
@@ -116,7 +122,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) backward_kernel(const __grid_
   // The warpgroup index broadcast from lane 0, so the compiler knows it is the same across a warp
   // (branches on it stay uniform).
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0);
-  const Steps<Tr> st(a, blockIdx.x, blockIdx.y, blockIdx.z);
+  Steps<Tr> st(a, blockIdx.x, blockIdx.y, blockIdx.z);
 
   if (tid == 0) {
     sm90::mbar_init(sm.full_kv(), 1);
@@ -130,8 +136,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) backward_kernel(const __grid_
       sm90::mbar_init(sm.dq_empty(b), 1);
     }
     sm90::fence_barrier_init();
+    // Steps::t0, read once from Args::phase: the same for every role.
+    const int* pos = a.phase != nullptr ? a.phase + st.b * (a.H / a.group) + st.kv_head : nullptr;
+    const int t0 = pos != nullptr ? st.step_at(sm90::ld_relaxed_gpu(pos)) : 0;
+    sm90::st_shared_32(sm.first_step(), static_cast<uint32_t>(t0));
   }
   __syncthreads();
+  st.t0 = static_cast<int>(sm90::ld_shared_32(sm.first_step()));
 
   if (wg == 0) {
     sm90::setmaxnreg_dec<Tr::kProducerRegs>();
@@ -216,18 +227,31 @@ namespace {
 int padded_rows(int S_q, int step) { return (S_q + step - 1) / step * step; }
 
 // Workspace: the dQ accumulator [B, H, S_pad, D] fp32, then lse·log2 e and D_i [B, H, S_pad],
-// then the deterministic path's counters [B, H, S_pad / kBlockM] (zeroed whether used or not).
+// then the deterministic path's counters [B, H, S_pad / kBlockM] (zeroed when used), then the
+// CTAs' published positions [B, H_kv] (Args::phase; zeroed when used).
 struct Workspace {
-  size_t accum = 0, stats = 0, sems = 0;
+  size_t accum = 0, stats = 0, sems = 0, phase = 0;
   explicit Workspace(const BwdParams& p) {
     const int step = p.D == 64 ? TraitsFor<64>::type::kBlockM : TraitsFor<128>::type::kBlockM;
     const size_t rows = static_cast<size_t>(p.B) * p.H * padded_rows(p.S_q, step);
     accum = rows * p.D * sizeof(float);
     stats = rows * sizeof(float);
     sems = rows / step * sizeof(int);
+    phase = static_cast<size_t>(p.B) * p.H_kv * sizeof(int);
   }
-  size_t total() const { return accum + 2 * stats + sems; }
+  size_t total() const { return accum + 2 * stats + sems + phase; }
 };
+
+// Whether the CTAs start in phase (Args::phase): where the Q, dO and dQ accumulator of one (batch,
+// kv head) outgrow L2 (S_q > 25600 at D128 on a 50 MB L2); below that, CTAs anywhere in the Q
+// range hit L2 anyway, and the start's extra load and the zeroing would be pure cost.
+// FLASHATTN_HOPPER_BWD_PHASE = 0 or 1 overrides.
+bool phased(const BwdParams& p, const LaunchContext& ctx) {
+  const char* env = std::getenv("FLASHATTN_HOPPER_BWD_PHASE");
+  if (env != nullptr && *env != '\0') return std::string(env) != "0";
+  const double head_bytes = static_cast<double>(p.H / p.H_kv) * p.S_q * p.D * (2 + 2 + 4);
+  return ctx.l2_bytes > 0 && head_bytes > static_cast<double>(ctx.l2_bytes);
+}
 
 template <bool kBf16, class Tr>
 void launch(const BwdParams& p, const LaunchContext& ctx) {
@@ -255,6 +279,8 @@ void launch(const BwdParams& p, const LaunchContext& ctx) {
   a.lse2 = lse2;
   a.dsum = dsum;
   a.dq_sem = p.deterministic ? reinterpret_cast<int*>(base + ws.accum + 2 * ws.stats) : nullptr;
+  if (Tr::kPhased && !p.deterministic && phased(p, ctx))
+    a.phase = reinterpret_cast<int*>(base + ws.accum + 2 * ws.stats + ws.sems);
   a.H = p.H;
   a.group = p.H / p.H_kv;
   a.S_q = p.S_q;
@@ -270,6 +296,7 @@ void launch(const BwdParams& p, const LaunchContext& ctx) {
 
   if (own_accum) CUDA_CHECK(cudaMemsetAsync(a.dq_accum, 0, ws.accum, ctx.stream));
   if (p.deterministic) CUDA_CHECK(cudaMemsetAsync(a.dq_sem, 0, ws.sems, ctx.stream));
+  if (a.phase != nullptr) CUDA_CHECK(cudaMemsetAsync(a.phase, 0, ws.phase, ctx.stream));
   PreArgs pre;
   pre.o = p.o, pre.dout = p.dout, pre.o_st = p.o_st, pre.do_st = p.do_st;
   pre.lse = static_cast<const float*>(p.lse);

@@ -57,13 +57,15 @@ struct Traits {
   // dQ of a step in fp32, in the accumulator's layout (DqLayout): what the copy engine adds into it.
   static constexpr int kDqBytes = kBlockM * kHeadDim * 4;
   static constexpr bool kDqOneWG = kHeadDim == 128;  // dQ by consumer warpgroup 1 alone; else half each
+  // CTAs start in phase with the running ones (Args::phase): D128 (D64 has no registers to spare).
+  static constexpr bool kPhased = kHeadDim == 128;
   static constexpr int kDqWarps = kDqOneWG ? 4 : 4 * kConsumerWGs;  // warps that store a step's dQ
   static constexpr int kDqTiles = kHeadDim / 8;  // n8 tiles of a dQ accumulator (64 queries)
   static constexpr int kMTiles = kBlockM / 8;   // n8 tiles of S^T per warp (columns are queries)
   static constexpr int kDTiles = kHeadDim / 8;  // n8 tiles of dK, dV per warp
 
-  // mbarriers: K/V full; Q full, dO full and Q/dO empty per stage; dQ full and empty per buffer.
-  static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages + 2 * 2);
+  // mbarriers: K/V full; Q full, dO full, Q/dO empty per stage; dQ full, empty per buffer; t0.
+  static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages + 2 * 2 + 1);
   static constexpr int kBaseBytes = 1024 /* alignment slack */ + 2 * kTileKBytes + 2 * kStages * kTileQBytes +
                                     2 * kStages * kStatBytes + 2 * kDsBytes + kDqBytes + kBarrierBytes;
   // A second dQ buffer where it fits (D128: 226 KB; D64's 128-query dS buffers leave no room), so
@@ -112,6 +114,9 @@ struct Args {
   int dq_rows = 0, dq_row0 = 0;
   // --deterministic: [B, H, S_pad / kBlockM] counters (zeroed by the launch), null otherwise.
   int* dq_sem = nullptr;
+  // [B, H_kv] (zeroed by the launch, null under --deterministic and at D64): where the CTAs of a
+  // (batch, kv head) are, r·65536 + Q block, published by the producers; a CTA starts there.
+  int* phase = nullptr;
   // BwdParams::grads_f32: dK and dV stored by the consumers in fp32 at these strides (floats),
   // keys below S_k (no TMA, no rounding); null otherwise.
   float* dk_f32 = nullptr;
@@ -129,6 +134,7 @@ struct Args {
 template <class Tr>
 struct Steps {
   int n0, kv_head, b, seqlen_k, n_m, total;
+  int t0 = 0;  // the first step, where the running CTAs are (Args::phase); the list wraps around
   BlockRange mb;
   IndexRange full_rows;  // Q blocks inside these rows see every key of the CTA: no masking
   __device__ Steps(const Args& a, int n_block, int kv_head_, int b_) : n0(n_block * Tr::kBlockN), kv_head(kv_head_), b(b_) {
@@ -140,8 +146,15 @@ struct Steps {
     total = a.group * n_m;
     full_rows = full_query_rows(a.vis, n0, Tr::kBlockN, seqlen_k);
   }
-  __device__ int head(int t) const { return t / n_m; }  // r: the query head within the group
-  __device__ int m_block(int t) const { return mb.begin + t % n_m; }
+  __device__ int idx(int t) const { return !Tr::kPhased ? t : t + t0 < total ? t + t0 : t + t0 - total; }
+  __device__ int head(int t) const { return idx(t) / n_m; }  // r: the query head within the group
+  __device__ int m_block(int t) const { return mb.begin + idx(t) % n_m; }
+  // The step of a published position (head r, Q block m), clamped into this CTA's steps.
+  __device__ int step_at(int pos) const {
+    const int r = min(pos >> 16, total / max(n_m, 1) - 1), m = pos & 0xffff;
+    return n_m > 0 ? r * n_m + min(max(m - mb.begin, 0), n_m - 1) : 0;
+  }
+  __device__ static int position(int r, int m) { return (r << 16) | m; }
   __device__ bool masked(int t, int S_q) const {
     const int m0 = m_block(t) * Tr::kBlockM;
     return !(m0 >= full_rows.begin && min(m0 + Tr::kBlockM, S_q) <= full_rows.end);
@@ -173,6 +186,7 @@ struct Smem {
   __device__ uint32_t dq_full(int b) const { return bars + 8 * (1 + 3 * Tr::kStages + b); }
   __device__ uint32_t dq_empty(int b) const { return bars + 8 * (3 + 3 * Tr::kStages + b); }
   __device__ uint32_t dq_buf(int b) const { return dq + b * Tr::kDqBytes; }
+  __device__ uint32_t first_step() const { return bars + 8 * (5 + 3 * Tr::kStages); }
   __device__ uint32_t q_stage(int s) const { return q + s * Tr::kTileQBytes; }
   __device__ uint32_t do_stage(int s) const { return dout + s * Tr::kTileQBytes; }
   __device__ uint32_t lse_stage(int s) const { return lse + s * Tr::kStatBytes; }
@@ -211,6 +225,8 @@ __device__ __forceinline__ void produce(const Args& a, const Smem<Tr>& sm, const
     const uint32_t phase = (t / Tr::kStages) & 1;
     const int h = st.kv_head * a.group + st.head(t), m0 = st.m_block(t) * Tr::kBlockM;
     const int64_t rows = stats_row(a, st.b, h) + m0;
+    if (a.phase != nullptr && t % 8 == 0)
+      sm90::st_relaxed_gpu(a.phase + st.b * (a.H / a.group) + st.kv_head, st.position(st.head(t), st.m_block(t)));
     sm90::mbar_wait(sm.empty_qdo(s), phase ^ 1);
     sm90::mbar_arrive_expect_tx(sm.full_q(s), Tr::kTileQBytes + Tr::kStatBytes);
 #pragma unroll

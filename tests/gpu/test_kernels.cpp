@@ -16,6 +16,7 @@
 #include "flashattn/registry.h"
 #include "random.h"
 #include "run.h"
+#include "scoped_env.h"
 
 namespace flashattn {
 namespace {
@@ -198,6 +199,42 @@ TEST_P(KernelMatrix, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Registry, KernelMatrix, testing::ValuesIn(all_cases()), case_name);
+
+// hopper's backward with its CTAs started in phase (FLASHATTN_HOPPER_BWD_PHASE=1; by default only
+// where a head's Q, dO and dQ outgrow L2, longer than any shape here): grids of more CTAs than SMs,
+// so later CTAs start partway through their step lists and wrap around, with causal masks, GQA,
+// S_q != S_k, a window, key padding and bshd; checked as the matrix is.
+TEST(HopperPhasedBackward, MatchesReference) {
+  const KernelMode* e = Registry::find("hopper", Mode::Backward);
+  if (e == nullptr) GTEST_SKIP() << "hopper is not built";
+  const ScopedEnv phased("FLASHATTN_HOPPER_BWD_PHASE", true, "1");
+  const Shape shapes[] = {{2, 4, 4, 4096, 4096, true, -1, -1, false, false, false, "s4096_causal"},
+                          {2, 8, 4, 2051, 3000, false, -1, -1, false, false, false, "gqa8_4_s2051x3000"},
+                          {2, 8, 2, 3000, 2051, true, -1, -1, false, false, false, "gqa8_2_s3000x2051_causal"},
+                          {4, 4, 4, 1500, 2500, false, 300, 200, false, false, false, "window300_200"},
+                          {8, 4, 4, 700, 1800, false, -1, -1, true, false, false, "padding"},
+                          {2, 8, 4, 1100, 1700, true, -1, -1, false, false, true, "bshd_gqa_causal"}};
+  for (const Shape& shape : shapes) {
+    SCOPED_TRACE(shape.tag);
+    Case c{e, DType::BF16, 128, shape};
+    RunInputs in = make_inputs(c, 4321);
+    if (const std::string why = why_unsupported(*e, in.problem, query_device(g_device).sm()); !why.empty())
+      GTEST_SKIP() << why;
+    SessionOptions so;
+    so.device = g_device;
+    so.timing.warmup = 0;
+    so.timing.repeat = 1;
+    so.timing.flush_l2 = false;
+    so.check = true;
+    so.check_budget_macs = kLongCheckBudget;
+    Session session(std::move(in), so);
+    const RunRecord r = session.run(*e);
+    ASSERT_TRUE(r.check.performed);
+    for (const OutputCheck& o : r.check.outputs)
+      EXPECT_TRUE(o.passed) << o.name << ": " << o.metric << " " << o.measured << " vs tolerance " << o.tolerance
+                            << " [" << o.rule << "], nonfinite " << o.err.nonfinite;
+  }
+}
 
 // Kernels that declare themselves bitwise reproducible (or that have a deterministic path, taken
 // here) give bitwise-identical outputs run after run, and the deterministic path passes the same

@@ -20,6 +20,7 @@
 #include "params_build.h"
 #include "ring.h"
 #include "run.h"
+#include "scoped_env.h"
 
 namespace flashattn {
 namespace {
@@ -50,15 +51,6 @@ const RingShape kShapes[] = {
     {1, 4, 4, 1024, true, false, false, true, false, false, "s1024_causal_one_stream"},
     {2, 4, 2, 512, false, false, false, false, true, false, "gqa4_2_s512"},
     {3, 2, 2, 512, true, true, false, false, false, false, "padding_causal_s512"},
-};
-
-// An environment variable set for one shape (unset again however the shape ends).
-struct ScopedEnv {
-  ScopedEnv(const char* name, bool on, const std::string& value) : name_(name) {
-    if (on) setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() { unsetenv(name_); }
-  const char* name_;
 };
 
 struct RingCase {
