@@ -23,8 +23,8 @@
 //                 steps where the running CTAs of its (batch, kv head) are (each producer
 //                 publishes its position every 8 steps; the list wraps around): CTAs launched as
 //                 others finish would otherwise spread over the whole Q range, whose Q, dO and
-//                 dQ accumulator outgrow L2 at long S (one H200, B1 H32 S131072: 4.6 %
-//                 faster, level at S = 65536; on only where they outgrow L2: phased())
+//                 dQ accumulator outgrow L2 at long S (B1 H32 S131072: 4.6 % faster on an
+//                 H200, 6.8 % on an H100; level at 65536; on only where they outgrow L2)
 //               dK_j·scale, dV_j -> 16-bit -> shared memory -> TMA stores (grads_f32, a ring's
 //               blocks: fp32 straight from registers to global memory)
 //   convert     dQ = scale · accumulator, un-permuted (16-row groups in the fragments' order,
