@@ -170,6 +170,27 @@ int g_device = 0;
 constexpr int64_t kLongScores = int64_t(4096) * 4096;
 constexpr double kLongCheckBudget = 2e9;
 
+// One untimed run of entry with --check (on sampled rows, at kLongCheckBudget, where `sampled`).
+RunRecord run_checked(const KernelMode& entry, RunInputs in, bool sampled) {
+  SessionOptions so;
+  so.device = g_device;
+  so.timing.warmup = 0;
+  so.timing.repeat = 1;
+  so.timing.flush_l2 = false;
+  so.check = true;
+  if (sampled) so.check_budget_macs = kLongCheckBudget;
+  Session session(std::move(in), so);
+  return session.run(entry);
+}
+
+void expect_outputs_pass(const RunRecord& r) {
+  for (const OutputCheck& o : r.check.outputs) {
+    EXPECT_TRUE(o.passed) << o.name << ": " << o.metric << " " << o.measured << " vs tolerance " << o.tolerance
+                          << " [" << o.rule << "], nonfinite " << o.err.nonfinite << ", max_abs " << o.err.max_abs
+                          << ", rel_l2 " << o.err.rel_l2;
+  }
+}
+
 class KernelMatrix : public testing::TestWithParam<Case> {};
 
 TEST_P(KernelMatrix, MatchesReference) {
@@ -177,25 +198,13 @@ TEST_P(KernelMatrix, MatchesReference) {
   RunInputs in = make_inputs(c, 1234);
   const std::string why = why_unsupported(*c.entry, in.problem, query_device(g_device).sm());
   if (!why.empty()) GTEST_SKIP() << why;
-  SessionOptions so;
-  so.device = g_device;
-  so.timing.warmup = 0;
-  so.timing.repeat = 1;
-  so.timing.flush_l2 = false;
-  so.check = true;
   const bool long_case = int64_t(c.s.S_q) * c.s.S_k >= kLongScores;
-  if (long_case) so.check_budget_macs = kLongCheckBudget;
-  Session session(std::move(in), so);
-  RunRecord r = session.run(*c.entry);
+  const RunRecord r = run_checked(*c.entry, std::move(in), long_case);
   ASSERT_TRUE(r.check.performed);
   if (long_case) {
     EXPECT_LT(r.check.rows_checked, r.check.rows_total) << "a long case must sample its rows";
   }
-  for (const OutputCheck& o : r.check.outputs) {
-    EXPECT_TRUE(o.passed) << o.name << ": " << o.metric << " " << o.measured << " vs tolerance " << o.tolerance
-                          << " [" << o.rule << "], nonfinite " << o.err.nonfinite << ", max_abs " << o.err.max_abs
-                          << ", rel_l2 " << o.err.rel_l2;
-  }
+  expect_outputs_pass(r);
 }
 
 INSTANTIATE_TEST_SUITE_P(Registry, KernelMatrix, testing::ValuesIn(all_cases()), case_name);
@@ -220,19 +229,9 @@ TEST(HopperPhasedBackward, MatchesReference) {
     RunInputs in = make_inputs(c, 4321);
     if (const std::string why = why_unsupported(*e, in.problem, query_device(g_device).sm()); !why.empty())
       GTEST_SKIP() << why;
-    SessionOptions so;
-    so.device = g_device;
-    so.timing.warmup = 0;
-    so.timing.repeat = 1;
-    so.timing.flush_l2 = false;
-    so.check = true;
-    so.check_budget_macs = kLongCheckBudget;
-    Session session(std::move(in), so);
-    const RunRecord r = session.run(*e);
+    const RunRecord r = run_checked(*e, std::move(in), /*sampled=*/true);
     ASSERT_TRUE(r.check.performed);
-    for (const OutputCheck& o : r.check.outputs)
-      EXPECT_TRUE(o.passed) << o.name << ": " << o.metric << " " << o.measured << " vs tolerance " << o.tolerance
-                            << " [" << o.rule << "], nonfinite " << o.err.nonfinite;
+    expect_outputs_pass(r);
   }
 }
 
