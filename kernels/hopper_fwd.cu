@@ -15,8 +15,10 @@
 // Tiles: D128 and D256 take 128 query rows (two consumer warpgroups taking turns; 128 and 80 keys
 // per block), D64 192 rows (three consumer warpgroups, no turns: its softmax, not the tensor
 // cores, is the bound), except under a causal mask or window below 2048 queries and on grids of
-// under four waves, where 128-row tiles with turns measure faster (d64_wide_tiles). Where registers are short (D64 with three warpgroups, D256), P
-// is computed in place in the score registers (hopper_fwd_tile.cuh, TraitsFor).
+// under four waves, where 128-row tiles with turns measure faster (d64_wide_tiles). D128 on long
+// rows takes 192 rows of 80-key blocks too: a third less K/V out of L2 per product, which the
+// power cap turns into clock (d128_wide_tiles). Where registers are short (three warpgroups,
+// D256), P is computed in place in the score registers (hopper_fwd_tile.cuh, TraitsFor).
 //
 // FlashAttention-3 (Shah et al. 2024), Algorithm 1 with its two overlaps (Consumer::run_pipelined):
 //   producer: load Q_i; for each key block j (masked blocks first, then the rest, descending):
@@ -38,8 +40,8 @@
 // Limits: fp16/bf16, head dims 64, 128, 256 (other head dims, and a scale <= 0, run the mma
 // kernel instead); sm_90 only (the file is built for sm_90a alone); tensors 16-byte aligned with
 // strides a multiple of 8 elements (tensor-map rules).
-// Instantiations: 4 tile configurations x 2 dtypes = 8 kernels, plus the serial schedule at D128
-// bf16 for the ablation (FLASHATTN_HOPPER_SCHEDULE=serial).
+// Instantiations: 5 tile configurations x 2 dtypes = 10 kernels, plus the serial schedule at D128
+// bf16 in 128-row tiles for the ablation (FLASHATTN_HOPPER_SCHEDULE=serial).
 // Measured 2026-11-26, H100 SXM (1980 MHz), bf16, every row --check'ed, PyTorch's cuDNN and flash
 // backends in the same run: B4 H16 S4096 D128 690 TFLOP/s, 1.01x cuDNN and 1.92x flash;
 // B2 H32 S8192 D64 533 TFLOP/s, 1.07x cuDNN and 1.72x flash (docs/PERF.md has the grid).
@@ -51,6 +53,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "common/head_dims.h"
 #include "common/hopper_entry.h"
@@ -199,17 +202,18 @@ void launch(const FwdParams& p, const LaunchContext& ctx) {
   a.key_hi_shift = shifts.hi;
 
   // FLASHATTN_HOPPER_SCHEDULE=serial runs the step-1 schedule (docs/PERF.md's ablation); it is
-  // compiled for bf16 at D=128 only, to keep the build lean.
+  // compiled for bf16 at D=128 in 128-row tiles only, to keep the build lean.
   const char* sched = std::getenv("FLASHATTN_HOPPER_SCHEDULE");
   const bool serial = sched != nullptr && std::string(sched) == "serial";
   if (sched != nullptr && !serial && std::string(sched) != "pipelined")
     throw RuntimeError(std::string("FLASHATTN_HOPPER_SCHEDULE: expected serial or pipelined, got '") + sched + "'");
   auto kernel = &forward_kernel<Tr, kBf16, false>;
   if (serial) {
-    if constexpr (kBf16 && Tr::kHeadDim == 128)
+    if constexpr (kBf16 && std::is_same_v<Tr, TraitsFor<128>::type>)
       kernel = &forward_kernel<Tr, kBf16, true>;
     else
-      throw RuntimeError("FLASHATTN_HOPPER_SCHEDULE=serial is built for bf16 at D=128 only");
+      throw RuntimeError("FLASHATTN_HOPPER_SCHEDULE=serial is built for bf16 at D=128 in 128-row tiles only "
+                         "(FLASHATTN_HOPPER_D128_ROWS=128 on long rows)");
   }
   // A persistent grid, one CTA per SM (shared memory and registers allow no second), each taking
   // tiles until none are left; one CTA per tile instead (the same code, each CTA's loop running
@@ -228,21 +232,43 @@ void launch(const FwdParams& p, const LaunchContext& ctx) {
   CHECK_LAUNCH("hopper forward_kernel");
 }
 
+// FLASHATTN_HOPPER_D64_ROWS / _D128_ROWS = 128 or 192 force one tile height (the ablations in
+// docs/PERF.md); -1 where the variable is unset.
+int forced_rows(const char* var) {
+  const char* rows = std::getenv(var);
+  if (rows == nullptr) return -1;
+  if (std::string(rows) == "128" || std::string(rows) == "192") return std::stoi(rows);
+  throw RuntimeError(std::string(var) + ": expected 128 or 192, got '" + rows + "'");
+}
+
+int64_t waves_of(const FwdParams& p, const LaunchContext& ctx, int rows) {
+  const int64_t tiles = static_cast<int64_t>((p.S_q + rows - 1) / rows) * p.H * p.B;
+  return tiles / std::max(ctx.sm_count > 0 ? ctx.sm_count : p.num_sms, 1);
+}
+
 // D64's 192-row tiles pay off on big grids only: under a causal mask or window below 2048 queries
 // (more of each diagonal block masked, more padding), and on grids of fewer than four waves of
 // tiles (B4 H8 S1024: 192 tiles of 192 rows on 132 SMs is 1.45 waves, 0.72x cuDNN against 0.91x
 // with 256 tiles of 128 rows), the 128-row tile with turns is faster.
-// FLASHATTN_HOPPER_D64_ROWS=128 or 192 forces one of the two (the ablation in docs/PERF.md).
 bool d64_wide_tiles(const FwdParams& p, const LaunchContext& ctx) {
-  using Wide = TraitsFor<64>::type;
-  if (const char* rows = std::getenv("FLASHATTN_HOPPER_D64_ROWS")) {
-    if (std::string(rows) == "128" || std::string(rows) == "192") return std::string(rows) == "192";
-    throw RuntimeError(std::string("FLASHATTN_HOPPER_D64_ROWS: expected 128 or 192, got '") + rows + "'");
-  }
+  if (const int rows = forced_rows("FLASHATTN_HOPPER_D64_ROWS"); rows > 0) return rows == 192;
   const bool masked = p.causal || p.window_left >= 0 || p.window_right >= 0;
-  const int64_t tiles = static_cast<int64_t>((p.S_q + Wide::kBlockM - 1) / Wide::kBlockM) * p.H * p.B;
-  const int sms = ctx.sm_count > 0 ? ctx.sm_count : p.num_sms;
-  return !(masked && p.S_q < 2048) && tiles >= 4 * static_cast<int64_t>(std::max(sms, 1));
+  return !(masked && p.S_q < 2048) && waves_of(p, ctx, TraitsFor<64>::type::kBlockM) >= 4;
+}
+
+// D128's 192-row tiles of 80-key blocks (TraitsD128Wide) move a third less K/V out of L2 per
+// product: where the GPU runs at its power cap that is clock regained (H100, B1 H32 S65536: 3.4 %
+// faster, 2.6 % under a causal mask). At full clock they are as fast per product, but they pad
+// S_q to a multiple of 192 and S_k to one of 80 where the 128-row tiles pad to 128 (B4 H16 S4096:
+// 4.7 % more work, 4.6 % slower), and under a causal mask or window their diagonal takes more
+// masked blocks (S8192 and S16384 causal: 3 % slower). So they run without a mask where both
+// lengths are 8192 or more, with one where S_q is 32768 or more (the power cap), on grids of
+// four waves or more (docs/PERF.md).
+bool d128_wide_tiles(const FwdParams& p, const LaunchContext& ctx) {
+  if (const int rows = forced_rows("FLASHATTN_HOPPER_D128_ROWS"); rows > 0) return rows == 192;
+  const bool masked = p.causal || p.window_left >= 0 || p.window_right >= 0;
+  const bool long_rows = masked ? p.S_q >= 32768 : p.S_q >= 8192 && p.S_k >= 8192;
+  return long_rows && waves_of(p, ctx, TraitsD128Wide::kBlockM) >= 4;
 }
 
 // Head dims with variants of their own, and those handed to the mma kernel (fallback_head_dims);
@@ -257,6 +283,9 @@ void dispatch_head_dim(const FwdParams& p, const LaunchContext& ctx) {
     if constexpr (kHeadDim == 64) {
       if (d64_wide_tiles(p, ctx)) return launch<kBf16, TraitsFor<64>::type>(p, ctx);
       return launch<kBf16, TraitsD64Narrow>(p, ctx);
+    } else if constexpr (kHeadDim == 128) {
+      if (d128_wide_tiles(p, ctx)) return launch<kBf16, TraitsD128Wide>(p, ctx);
+      return launch<kBf16, TraitsFor<128>::type>(p, ctx);
     } else {
       return launch<kBf16, typename TraitsFor<kHeadDim>::type>(p, ctx);
     }

@@ -80,6 +80,12 @@ template <> struct TraitsFor<64> { using type = Traits<64, 128, 2, false, 3>; };
 using TraitsD64Narrow = Traits<64, 128, 2, true>;
 // D=128: S 64 + O 64 + P 32 registers; 32 KB + 2 x 2 x 32 KB = 160 KB shared.
 template <> struct TraitsFor<128> { using type = Traits<128, 128, 2, true>; };
+// D=128 on long rows: 192-row tiles, three consumer warpgroups without turns, 80 keys per block
+// (S 40 + O 64 + P 20 registers, P in place, within 160; 96 keys spill inside the key loop): each
+// K/V block feeds 192 query rows instead of 128, so a third less K/V leaves L2 per product, which
+// is power the tensor cores get back where the GPU runs at its cap (hopper_fwd.cu,
+// d128_wide_tiles, says where). 48 KB Q + 3 x 2 x 20 KB K/V + 48 KB O = 217 KB shared.
+using TraitsD128Wide = Traits<128, 80, 3, false, 3>;
 // D=256: O alone is 128 registers; 80 keys per block (S 40 + P 20 registers, P in place) fill the
 // shared memory: 64 KB + 2 x 2 x 40 KB = 224 KB (4 % faster than 64 keys with two P sets).
 template <> struct TraitsFor<256> { using type = Traits<256, 80, 2, true, 2, true>; };

@@ -3,7 +3,8 @@
 // (lse_stride), the second merging into them, must give the one call over all keys within the
 // rounding of the first call's O to bf16; the buffers' other rows untouched. Key padding makes a
 // batch element with no keys at all (both calls empty) and one whose keys all fall in the first
-// call (the second empty). D 64, 128 and 256 (those built), GQA. Skipped without an sm_90 GPU.
+// call (the second empty). D 64, 128 and 256 (those built), GQA; D64 and D128 also in their
+// 192-row tiles (forced: long rows take them by default). Skipped without an sm_90 GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,20 +24,28 @@
 #include "hopper_test_util.h"
 #include "params_build.h"
 #include "problem.h"
+#include "scoped_env.h"
 
 namespace flashattn {
 namespace {
 
 constexpr uint64_t kSeed = 11;
 
-class HopperMerge : public testing::TestWithParam<int> {};
+struct MergeCase {
+  int D;
+  bool wide;  // FLASHATTN_HOPPER_D64_ROWS / _D128_ROWS = 192
+};
+
+class HopperMerge : public testing::TestWithParam<MergeCase> {};
 
 TEST_P(HopperMerge, TwoKeyRangesEqualOneCall) {
   if (const std::string why = why_no_hopper_gpu(); !why.empty()) GTEST_SKIP() << why;
   const DeviceInfo dev = query_device(0);
   const KernelMode* fwd = Registry::find("hopper", Mode::Forward);
   if (!fwd || !fwd->merges_output) GTEST_SKIP() << "hopper is not built";
-  const int D = GetParam();
+  const int D = GetParam().D;
+  const std::string rows_var = "FLASHATTN_HOPPER_D" + std::to_string(D) + "_ROWS";
+  const ScopedEnv rows(rows_var.c_str(), GetParam().wide, "192");
   if (std::find(fwd->head_dims.begin(), fwd->head_dims.end(), D) == fwd->head_dims.end())
     GTEST_SKIP() << "head dim " << D << " is not in this build";
 
@@ -132,8 +141,12 @@ TEST_P(HopperMerge, TwoKeyRangesEqualOneCall) {
   CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
-INSTANTIATE_TEST_SUITE_P(HeadDims, HopperMerge, testing::Values(64, 128, 256),
-                         [](const testing::TestParamInfo<int>& i) { return "D" + std::to_string(i.param); });
+INSTANTIATE_TEST_SUITE_P(HeadDims, HopperMerge,
+                         testing::Values(MergeCase{64, false}, MergeCase{128, false}, MergeCase{256, false},
+                                         MergeCase{64, true}, MergeCase{128, true}),
+                         [](const testing::TestParamInfo<MergeCase>& i) {
+                           return "D" + std::to_string(i.param.D) + (i.param.wide ? "_wide" : "");
+                         });
 
 }  // namespace
 }  // namespace flashattn

@@ -235,6 +235,32 @@ TEST(HopperPhasedBackward, MatchesReference) {
   }
 }
 
+// hopper's forward with its 192-row tiles forced (FLASHATTN_HOPPER_D64_ROWS / _D128_ROWS=192; by
+// default D128 takes them only where both lengths are 8192 or more): every awkward shape of the
+// matrix at both head dims that have them, in both 16-bit dtypes, checked as the matrix is.
+TEST(HopperWideForward, MatchesReference) {
+  const KernelMode* e = Registry::find("hopper", Mode::Forward);
+  if (e == nullptr) GTEST_SKIP() << "hopper is not built";
+  const ScopedEnv d64("FLASHATTN_HOPPER_D64_ROWS", true, "192");
+  const ScopedEnv d128("FLASHATTN_HOPPER_D128_ROWS", true, "192");
+  int ran = 0;
+  for (const int D : {64, 128}) {
+    for (const DType t : {DType::BF16, DType::F16}) {
+      for (const Shape& shape : shape_matrix()) {
+        SCOPED_TRACE(std::string(dtype_name(t)) + " D" + std::to_string(D) + " " + shape.tag);
+        Case c{e, t, D, shape};
+        RunInputs in = make_inputs(c, 2468);
+        if (!why_unsupported(*e, in.problem, query_device(g_device).sm()).empty()) continue;  // the additive mask
+        const RunRecord r = run_checked(*e, std::move(in), int64_t(shape.S_q) * shape.S_k >= kLongScores);
+        ASSERT_TRUE(r.check.performed);
+        expect_outputs_pass(r);
+        ++ran;
+      }
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << "hopper runs none of these here";
+}
+
 // Kernels that declare themselves bitwise reproducible (or that have a deterministic path, taken
 // here) give bitwise-identical outputs run after run, and the deterministic path passes the same
 // check against the reference as the default one (GQA with causal, key padding, a window).
