@@ -241,6 +241,7 @@ int forced_rows(const char* var) {
   throw RuntimeError(std::string(var) + ": expected 128 or 192, got '" + rows + "'");
 }
 
+// Whole waves of `rows`-row tiles over the GPU's SMs.
 int64_t waves_of(const FwdParams& p, const LaunchContext& ctx, int rows) {
   const int64_t tiles = static_cast<int64_t>((p.S_q + rows - 1) / rows) * p.H * p.B;
   return tiles / std::max(ctx.sm_count > 0 ? ctx.sm_count : p.num_sms, 1);

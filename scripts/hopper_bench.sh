@@ -13,8 +13,9 @@
 #
 # Stages: sass, tests, sweep (one JSON Lines file per variant), peers, table. A variant is
 # "default" or NAME=VALUE for FLASHATTN_HOPPER_NAME (schedule=serial: the step-1 schedule, D128
-# only; grid=tiles: one CTA per tile instead of the persistent grid; d64_rows=128 or 192: force
-# one of D64's two tile heights instead of the kernel's choice).
+# only; grid=tiles: one CTA per tile instead of the persistent grid; d64_rows=128 or 192 and
+# d128_rows=128 or 192: force one of D64's or D128's two tile heights instead of the kernel's
+# choice).
 # Environment: FLASHATTN_BUILD_DIR (default build-gpu), HOPPER_OUT (default results/hopper).
 set -uo pipefail
 
