@@ -312,23 +312,22 @@ struct Consumer {
   // acc = X_w Y^T for X = K or V (this warpgroup's 64 rows) and Y = Q or dO of stage s: both
   // K-major, k16 steps over the head dim (32 bytes apart inside a panel, panel by panel).
   __device__ __forceinline__ void issue_scores(Scores& acc, uint32_t x_tile, uint32_t y_tile) const {
+    const sm90::Desc da(x_tile + cw * 64 * 128, 16, 1024), db(y_tile, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < Tr::kHeadDim / 16; ++kk) {
       const uint32_t off = (kk % 4) * 32;
-      const uint64_t da = sm90::make_desc(x_tile + (kk / 4) * Tr::kPanelBytesK + cw * 64 * 128 + off, 16, 1024);
-      const uint64_t db = sm90::make_desc(y_tile + (kk / 4) * Tr::kPanelBytesQ + off, 16, 1024);
-      MmaS::ss(acc, da, db, kk > 0 ? 1 : 0);
+      MmaS::ss(acc, da.at((kk / 4) * Tr::kPanelBytesK + off), db.at((kk / 4) * Tr::kPanelBytesQ + off), kk > 0 ? 1 : 0);
     }
   }
 
   // acc += P^T Y (or dS^T Y): A from registers (k16 steps over the queries), Y = dO or Q of the
   // stage read MN-major (16 queries are two 8-row groups, SBO 1024; head-dim panels LBO apart).
   __device__ __forceinline__ void issue_grad(float (&acc)[Tr::kDTiles][4], const Packed& rA, uint32_t y_tile) const {
+    const sm90::Desc db(y_tile, Tr::kPanelBytesQ, 1024);
 #pragma unroll
     for (int kk = 0; kk < Tr::kBlockM / 16; ++kk) {
       const uint32_t pa[4] = {rA[2 * kk][0], rA[2 * kk][1], rA[2 * kk + 1][0], rA[2 * kk + 1][1]};
-      const uint64_t db = sm90::make_desc(y_tile + kk * 2048, Tr::kPanelBytesQ, 1024);
-      MmaKV::rs(acc, pa, db, 1);
+      MmaKV::rs(acc, pa, db.at(kk * 2048), 1);
     }
   }
 
@@ -337,17 +336,18 @@ struct Consumer {
   // panels), K is read MN-major ([keys][D] panels, LBO one panel).
   __device__ __forceinline__ void issue_dq(DqAcc& acc, uint32_t ds_tile) const {
     const uint32_t rows = Tr::kDqOneWG ? 0 : cw * 64 * 128;
+    const sm90::Desc da(ds_tile + rows, 16, 1024), db(sm.k, Tr::kPanelBytesK, 1024);
 #pragma unroll
-    for (int kk = 0; kk < Tr::kBlockN / 16; ++kk) {
-      const uint64_t da = sm90::make_desc(ds_tile + rows + (kk / 4) * Tr::kDsPanelBytes + (kk % 4) * 32, 16, 1024);
-      const uint64_t db = sm90::make_desc(sm.k + kk * 2048, Tr::kPanelBytesK, 1024);
-      MmaQ::template ss<0, 1>(acc, da, db, kk > 0 ? 1 : 0);  // B MN-major
-    }
+    for (int kk = 0; kk < Tr::kBlockN / 16; ++kk)  // B MN-major
+      MmaQ::template ss<0, 1>(acc, da.at((kk / 4) * Tr::kDsPanelBytes + (kk % 4) * 32), db.at(kk * 2048), kk > 0 ? 1 : 0);
   }
 
   // P^T = exp2(S^T·scale·log2 e − lse_i·log2 e), in place; -inf (P = 0) where key j (this lane's
   // rows) does not see query i (its columns): i in [j − hi + 1, j − lo + 1), j < seqlen_k.
-  __device__ __forceinline__ void probs(Scores& rS, int s, int m0, bool masked) const {
+  // Masked and unmasked steps are two code paths: a per-element test of a runtime flag costs a
+  // compare and a branch per element, and the branches split the exponentials' schedule.
+  template <bool kMasked>
+  __device__ __forceinline__ void probs(Scores& rS, int s, int m0) const {
     const int key = st.n0 + cw * 64 + warp * 16 + lane / 4;
 #pragma unroll
     for (int ni = 0; ni < Tr::kMTiles; ++ni) {
@@ -356,7 +356,7 @@ struct Consumer {
       for (int e = 0; e < 4; ++e) {
         const float l = (e & 1) ? lse.y : lse.x;
         float x = fmaf(rS[ni][e], a.scale_log2, -l);
-        if (masked) {
+        if constexpr (kMasked) {
           const int j = key + (e / 2) * 8;
           const int i = m0 + ni * 8 + 2 * (lane % 4) + (e & 1);
           const bool vis = j < st.seqlen_k && i >= j - a.key_hi_shift + 1 && i < j - a.key_lo_shift + 1;
@@ -459,7 +459,10 @@ struct Consumer {
     sm90::wgmma_commit();
     sm90::wgmma_wait<1>();
     sm90::fence_regs(rS);
-    probs(rS, s, m0, masked);
+    if (masked)
+      probs<true>(rS, s, m0);
+    else
+      probs<false>(rS, s, m0);
     Packed rP;
     pack(rS, rP);
     sm90::wgmma_fence();

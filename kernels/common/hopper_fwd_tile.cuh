@@ -241,23 +241,22 @@ struct Consumer {
   // Issues S = Q K^T for the K in stage s: k16 steps over the head dim, 32 bytes apart inside a
   // 128-byte panel, panel by panel.
   __device__ __forceinline__ void issue_s(Scores& rS, int s) const {
+    const sm90::Desc da(q_base, 16, 1024), db(sm.k_stage(s), 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < Tr::kHeadDim / 16; ++kk) {
       const uint32_t off = (kk % 4) * 32;
-      const uint64_t da = sm90::make_desc(q_base + (kk / 4) * Tr::kPanelBytesQ + off, 16, 1024);
-      const uint64_t db = sm90::make_desc(sm.k_stage(s) + (kk / 4) * Tr::kPanelBytesKV + off, 16, 1024);
-      MmaS::ss(rS[0], da, db, kk > 0 ? 1 : 0);
+      MmaS::ss(rS[0], da.at((kk / 4) * Tr::kPanelBytesQ + off), db.at((kk / 4) * Tr::kPanelBytesKV + off), kk > 0 ? 1 : 0);
     }
   }
 
   // Issues O += P V for the V in stage s: k16 steps over the keys. V is MN-major for this product:
   // 16 keys are two 8-row groups (SBO 1024), head-dim panels kPanelBytesKV apart (LBO).
   __device__ __forceinline__ void issue_o(const Probs& rP, int s) {
+    const sm90::Desc db(sm.v_stage(s), Tr::kPanelBytesKV, 1024);
 #pragma unroll
     for (int kk = 0; kk < Tr::kBlockN / 16; ++kk) {
       const uint32_t pa[4] = {rP[0][2 * kk][0], rP[0][2 * kk][1], rP[0][2 * kk + 1][0], rP[0][2 * kk + 1][1]};
-      const uint64_t db = sm90::make_desc(sm.v_stage(s) + kk * 2048, Tr::kPanelBytesKV, 1024);
-      MmaO::rs(rO[0], pa, db, 1);
+      MmaO::rs(rO[0], pa, db.at(kk * 2048), 1);
     }
   }
 

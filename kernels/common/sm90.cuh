@@ -192,14 +192,19 @@ __device__ __forceinline__ void fence_regs(T (&r)[R][C]) {
 //     groups; LBO unused (1). A k16 step inside the 64-element panel moves the start by 32 bytes.
 //   MN-major (V for P·V: rows are keys = the K dimension, 64 head-dim elements per row): SBO =
 //     1024 between 8-key groups, LBO = the byte distance between 64-wide head-dim panels.
-__device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes) {
-  uint64_t d = 0;
-  d |= static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);
-  d |= static_cast<uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16;
-  d |= static_cast<uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32;
-  d |= static_cast<uint64_t>(1) << 62;  // 128-byte swizzle
-  return d;
-}
+// Built once per operand tile and advanced per k16 step by at(bytes): the start address is the low
+// 14 bits of the low word, and a CTA's shared-memory addresses stay below 2^18 bytes, so adding
+// bytes >> 4 to the low word never carries into the LBO field. One integer add per descriptor
+// instead of masking, shifting and or-ing every one anew.
+struct Desc {
+  uint32_t lo, hi;
+  __device__ __forceinline__ Desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes)
+      : lo(((smem_addr & 0x3FFFF) >> 4) | (((lbo_bytes >> 4) & 0x3FFF) << 16)),
+        hi(((sbo_bytes >> 4) & 0x3FFF) | (1u << 30)) {}  // bit 62: 128-byte swizzle
+  __device__ __forceinline__ uint64_t at(uint32_t offset_bytes) const {
+    return (static_cast<uint64_t>(hi) << 32) | (lo + (offset_bytes >> 4));
+  }
+};
 
 // ---- registers ------------------------------------------------------------------------------------
 
