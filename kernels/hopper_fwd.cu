@@ -241,6 +241,9 @@ int forced_rows(const char* var) {
   throw RuntimeError(std::string(var) + ": expected 128 or 192, got '" + rows + "'");
 }
 
+// A causal mask or a window (the tile choices below treat both alike).
+bool masked(const FwdParams& p) { return p.causal || p.window_left >= 0 || p.window_right >= 0; }
+
 // Whole waves of `rows`-row tiles over the GPU's SMs.
 int64_t waves_of(const FwdParams& p, const LaunchContext& ctx, int rows) {
   const int64_t tiles = static_cast<int64_t>((p.S_q + rows - 1) / rows) * p.H * p.B;
@@ -253,8 +256,7 @@ int64_t waves_of(const FwdParams& p, const LaunchContext& ctx, int rows) {
 // with 256 tiles of 128 rows), the 128-row tile with turns is faster.
 bool d64_wide_tiles(const FwdParams& p, const LaunchContext& ctx) {
   if (const int rows = forced_rows("FLASHATTN_HOPPER_D64_ROWS"); rows > 0) return rows == 192;
-  const bool masked = p.causal || p.window_left >= 0 || p.window_right >= 0;
-  return !(masked && p.S_q < 2048) && waves_of(p, ctx, TraitsFor<64>::type::kBlockM) >= 4;
+  return !(masked(p) && p.S_q < 2048) && waves_of(p, ctx, TraitsFor<64>::type::kBlockM) >= 4;
 }
 
 // D128's 192-row tiles of 80-key blocks (TraitsD128Wide) move a third less K/V out of L2 per
@@ -267,8 +269,7 @@ bool d64_wide_tiles(const FwdParams& p, const LaunchContext& ctx) {
 // four waves or more (docs/PERF.md).
 bool d128_wide_tiles(const FwdParams& p, const LaunchContext& ctx) {
   if (const int rows = forced_rows("FLASHATTN_HOPPER_D128_ROWS"); rows > 0) return rows == 192;
-  const bool masked = p.causal || p.window_left >= 0 || p.window_right >= 0;
-  const bool long_rows = masked ? p.S_q >= 32768 : p.S_q >= 8192 && p.S_k >= 8192;
+  const bool long_rows = masked(p) ? p.S_q >= 32768 : p.S_q >= 8192 && p.S_k >= 8192;
   return long_rows && waves_of(p, ctx, TraitsD128Wide::kBlockM) >= 4;
 }
 
