@@ -70,6 +70,7 @@
 #include "common/bwd_row_stats.cuh"
 #include "common/head_dims.h"
 #include "common/hopper_entry.h"
+#include "common/hopper_bwd_consumer.cuh"
 #include "common/hopper_bwd_tile.cuh"
 #include "common/layout_checks.h"
 #include "common/sm90.cuh"
