@@ -18,11 +18,19 @@
 // Every output element is written by exactly one task with a fixed summation order, so results are
 // bitwise identical for any thread count, and the whole-tensor functions (which run the row
 // functions over every row) agree bitwise with the row functions.
+//
+// Two copies: this file is compiled for the target's baseline and, on x86-64 with GCC or Clang,
+// once more with -mavx2 (no FMA) and FLASHATTN_REFERENCE_AVX2_COPY, each copy's code in its own
+// namespace (reference_copy::baseline, reference_copy::avx2). The baseline copy holds the public
+// functions and runs the AVX2 copy where the CPU has AVX2 (FLASHATTN_REFERENCE_ISA=baseline
+// forces the baseline). Both run every sum in the same order, one rounding per operation, so their
+// results are bitwise identical (tests/cpu/test_reference.cpp); the wider vectors change the time.
 #include "reference.h"
 
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <string>
@@ -32,9 +40,17 @@
 #include "array.h"
 #include "flashattn/error.h"
 #include "parallel.h"
+
+#ifdef FLASHATTN_REFERENCE_AVX2_COPY
+#define FLASHATTN_REFERENCE_COPY avx2
+#else
+#define FLASHATTN_REFERENCE_COPY baseline
+#endif
 #include "reference_blocks.h"
 
 namespace flashattn {
+
+#ifndef FLASHATTN_REFERENCE_AVX2_COPY
 
 // Four independent partial sums, a fixed order (so results never depend on threading) and several
 // times faster than one dependent chain of additions.
@@ -50,10 +66,12 @@ double dot_f64(const double* a, const double* b, int n) {
   for (; d < n; ++d) s0 += a[d] * b[d];
   return (s0 + s1) + (s2 + s3);
 }
+#endif
 
+namespace reference_copy::FLASHATTN_REFERENCE_COPY {
 namespace {
 
-using namespace reference_blocks;
+using namespace blocks;
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
@@ -451,15 +469,6 @@ void check_row(const RowId& r, int heads, int S, const Dims& d, const char* what
   }
 }
 
-std::vector<RowId> all_rows(int B, int heads, int S) {
-  std::vector<RowId> rows;
-  rows.reserve(static_cast<size_t>(B) * heads * S);
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < heads; ++h)
-      for (int i = 0; i < S; ++i) rows.push_back({b, h, i});
-  return rows;
-}
-
 template <class Arith>
 void forward_rows(const RefInputs& in, Arith arith, const std::vector<RowId>& rows, double* o, double* lse) {
   check_inputs(in, /*backward=*/false);
@@ -549,24 +558,89 @@ void check_baseline_dtype(DType dtype) {
 
 }  // namespace
 
+// This copy's entry points: the oracle's arithmetic (baseline_dtype null) or the dtype's baseline.
+void run_forward_rows(const RefInputs& in, const DType* baseline_dtype, const std::vector<RowId>& rows, double* o,
+                      double* lse) {
+  if (!baseline_dtype) return forward_rows(in, Exact{}, rows, o, lse);
+  check_baseline_dtype(*baseline_dtype);
+  forward_rows(in, InDtype{*baseline_dtype}, rows, o, lse);
+}
+void run_backward_rows(const RefInputs& in, const DType* baseline_dtype, const std::vector<RowId>& q_rows, double* dq,
+                       const std::vector<RowId>& k_rows, double* dk, double* dv) {
+  if (!baseline_dtype) return backward_rows(in, Exact{}, q_rows, dq, k_rows, dk, dv);
+  check_baseline_dtype(*baseline_dtype);
+  backward_rows(in, InDtype{*baseline_dtype}, q_rows, dq, k_rows, dk, dv);
+}
+
+}  // namespace reference_copy::FLASHATTN_REFERENCE_COPY
+
+#ifndef FLASHATTN_REFERENCE_AVX2_COPY
+#ifdef FLASHATTN_HAVE_REFERENCE_AVX2
+namespace reference_copy::avx2 {
+void run_forward_rows(const RefInputs& in, const DType* baseline_dtype, const std::vector<RowId>& rows, double* o,
+                      double* lse);
+void run_backward_rows(const RefInputs& in, const DType* baseline_dtype, const std::vector<RowId>& q_rows, double* dq,
+                       const std::vector<RowId>& k_rows, double* dk, double* dv);
+}  // namespace reference_copy::avx2
+#endif
+
+namespace {
+
+bool use_avx2_copy() {
+#ifdef FLASHATTN_HAVE_REFERENCE_AVX2
+  static const bool cpu_has_avx2 = __builtin_cpu_supports("avx2");
+  const char* forced = std::getenv("FLASHATTN_REFERENCE_ISA");
+  return cpu_has_avx2 && !(forced && std::string(forced) == "baseline");
+#else
+  return false;
+#endif
+}
+
+void forward_copy(const RefInputs& in, const DType* baseline_dtype, const std::vector<RowId>& rows, double* o,
+                  double* lse) {
+#ifdef FLASHATTN_HAVE_REFERENCE_AVX2
+  if (use_avx2_copy()) return reference_copy::avx2::run_forward_rows(in, baseline_dtype, rows, o, lse);
+#endif
+  reference_copy::baseline::run_forward_rows(in, baseline_dtype, rows, o, lse);
+}
+
+std::vector<RowId> all_rows(int B, int heads, int S) {
+  std::vector<RowId> rows;
+  rows.reserve(static_cast<size_t>(B) * heads * S);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < S; ++i) rows.push_back({b, h, i});
+  return rows;
+}
+
+void backward_copy(const RefInputs& in, const DType* baseline_dtype, const std::vector<RowId>& q_rows, double* dq,
+                   const std::vector<RowId>& k_rows, double* dk, double* dv) {
+#ifdef FLASHATTN_HAVE_REFERENCE_AVX2
+  if (use_avx2_copy()) return reference_copy::avx2::run_backward_rows(in, baseline_dtype, q_rows, dq, k_rows, dk, dv);
+#endif
+  reference_copy::baseline::run_backward_rows(in, baseline_dtype, q_rows, dq, k_rows, dk, dv);
+}
+
+}  // namespace
+
+const char* reference_instruction_set() { return use_avx2_copy() ? "avx2" : "baseline"; }
+
 void reference_forward_rows(const RefInputs& in, const std::vector<RowId>& rows, double* o, double* lse) {
-  forward_rows(in, Exact{}, rows, o, lse);
+  forward_copy(in, nullptr, rows, o, lse);
 }
 
 void reference_backward_rows(const RefInputs& in, const std::vector<RowId>& q_rows, double* dq,
                              const std::vector<RowId>& k_rows, double* dk, double* dv) {
-  backward_rows(in, Exact{}, q_rows, dq, k_rows, dk, dv);
+  backward_copy(in, nullptr, q_rows, dq, k_rows, dk, dv);
 }
 
 void baseline_forward_rows(const RefInputs& in, DType dtype, const std::vector<RowId>& rows, double* o, double* lse) {
-  check_baseline_dtype(dtype);
-  forward_rows(in, InDtype{dtype}, rows, o, lse);
+  forward_copy(in, &dtype, rows, o, lse);
 }
 
 void baseline_backward_rows(const RefInputs& in, DType dtype, const std::vector<RowId>& q_rows, double* dq,
                             const std::vector<RowId>& k_rows, double* dk, double* dv) {
-  check_baseline_dtype(dtype);
-  backward_rows(in, InDtype{dtype}, q_rows, dq, k_rows, dk, dv);
+  backward_copy(in, &dtype, q_rows, dq, k_rows, dk, dv);
 }
 
 void reference_forward(const RefInputs& in, double* o, double* lse) {
@@ -576,7 +650,9 @@ void reference_forward(const RefInputs& in, double* o, double* lse) {
 
 void reference_backward(const RefInputs& in, double* dq, double* dk, double* dv) {
   const Dims& d = in.dims;
-  reference_backward_rows(in, all_rows(d.B, d.H, d.S_q), dq, all_rows(d.B, d.H_kv, d.S_k), dk, dv);
+  reference_backward_rows(in, all_rows(d.B, d.H, d.S_q), dq,
+                          all_rows(d.B, d.H_kv, d.S_k), dk, dv);
 }
+#endif  // FLASHATTN_REFERENCE_AVX2_COPY
 
 }  // namespace flashattn

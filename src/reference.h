@@ -46,6 +46,11 @@ struct RowId {
 // <a, b> in fp64, in an order that does not depend on threading (the references' inner product).
 double dot_f64(const double* a, const double* b, int n);
 
+// The reference's code path on this CPU: "avx2" (the copy built with AVX2, where the CPU has it)
+// or "baseline" (the target's baseline instructions; FLASHATTN_REFERENCE_ISA=baseline forces it).
+// Both give bitwise identical results (reference.cpp).
+const char* reference_instruction_set();
+
 // Whole tensors: o [B, H, S_q, D], lse [B, H, S_q].
 void reference_forward(const RefInputs& in, double* o, double* lse);
 // Whole tensors: dq like Q, dk and dv like K.

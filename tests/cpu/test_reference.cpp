@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "array.h"
@@ -410,6 +413,55 @@ TEST(ReferenceThreads, ResultsAreBitwiseIndependentOfThreadCount) {
     EXPECT_EQ(r->dq, one.dq);
     EXPECT_EQ(r->dk, one.dk);
     EXPECT_EQ(r->dv, one.dv);
+  }
+}
+
+// The reference's AVX2 copy (reference.cpp) against its baseline copy, bitwise: the oracle and the
+// same-dtype baseline, every output, a head dim with and without a remainder past whole vectors.
+bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
+struct BothModels {
+  Result exact, bf16;
+};
+
+BothModels run_both_models(const Case& c) {
+  BothModels r{run_reference(c), {}};
+  const Dims& d = c.d;
+  std::vector<RowId> q_rows, k_rows;
+  for (int h = 0; h < d.H; ++h)
+    for (int i = 0; i < d.S_q; ++i) q_rows.push_back({0, h, i});
+  for (int g = 0; g < d.H_kv; ++g)
+    for (int j = 0; j < d.S_k; ++j) k_rows.push_back({0, g, j});
+  Result& b = r.bf16;
+  b.o.resize(q_rows.size() * d.D), b.lse.resize(q_rows.size()), b.dq.resize(q_rows.size() * d.D);
+  b.dk.resize(k_rows.size() * d.D), b.dv.resize(k_rows.size() * d.D);
+  baseline_forward_rows(c.inputs(), DType::BF16, q_rows, b.o.data(), b.lse.data());
+  baseline_backward_rows(c.inputs(), DType::BF16, q_rows, b.dq.data(), k_rows, b.dk.data(), b.dv.data());
+  return r;
+}
+
+TEST(ReferenceCopies, AvxTwoCopyEqualsBaselineCopyBitwise) {
+  if (std::string(reference_instruction_set()) != "avx2") {
+    GTEST_SKIP() << "no AVX2 copy of the reference on this CPU or in this build";
+  }
+  for (const int D : {128, 37}) {
+    Case c = make_case(1, 4, 2, 67, 80, D);
+    c.causal = true;
+    const BothModels avx2 = run_both_models(c);
+    setenv("FLASHATTN_REFERENCE_ISA", "baseline", 1);
+    const std::string forced = reference_instruction_set();
+    const BothModels base = run_both_models(c);
+    unsetenv("FLASHATTN_REFERENCE_ISA");
+    ASSERT_EQ(forced, "baseline");
+    for (const auto& [x, y] : {std::pair{&avx2.exact, &base.exact}, std::pair{&avx2.bf16, &base.bf16}}) {
+      EXPECT_TRUE(same_bits(x->o, y->o)) << "D " << D;
+      EXPECT_TRUE(same_bits(x->lse, y->lse)) << "D " << D;
+      EXPECT_TRUE(same_bits(x->dq, y->dq)) << "D " << D;
+      EXPECT_TRUE(same_bits(x->dk, y->dk)) << "D " << D;
+      EXPECT_TRUE(same_bits(x->dv, y->dv)) << "D " << D;
+    }
   }
 }
 
