@@ -10,6 +10,10 @@
 // the width changes the time only.
 #pragma once
 
+#ifndef FLASHATTN_REFERENCE_COPY
+#error "reference_blocks.h belongs to reference.cpp, which names the copy"
+#endif
+
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
