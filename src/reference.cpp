@@ -231,25 +231,25 @@ void backward_rows(const RefInputs& in, Arith arith, const std::vector<RowId>& q
   }
 }
 
-void check_baseline_dtype(DType dtype) {
-  if (dtype != DType::F16 && dtype != DType::BF16)
-    throw RuntimeError(std::string("baseline: defined for fp16 and bf16, not ") + dtype_name(dtype));
+// fn(arith): the oracle's arithmetic (baseline_dtype null) or the dtype's baseline.
+template <class Fn>
+void with_arith(const DType* baseline_dtype, Fn fn) {
+  if (!baseline_dtype) return fn(Exact{});
+  if (*baseline_dtype != DType::F16 && *baseline_dtype != DType::BF16)
+    throw RuntimeError(std::string("baseline: defined for fp16 and bf16, not ") + dtype_name(*baseline_dtype));
+  fn(InDtype{*baseline_dtype});
 }
 
 }  // namespace
 
-// This copy's entry points: the oracle's arithmetic (baseline_dtype null) or the dtype's baseline.
+// This copy's entry points (with_arith's baseline_dtype).
 void run_forward_rows(const RefInputs& in, const DType* baseline_dtype, const std::vector<RowId>& rows, double* o,
                       double* lse) {
-  if (!baseline_dtype) return forward_rows(in, Exact{}, rows, o, lse);
-  check_baseline_dtype(*baseline_dtype);
-  forward_rows(in, InDtype{*baseline_dtype}, rows, o, lse);
+  with_arith(baseline_dtype, [&](auto arith) { forward_rows(in, arith, rows, o, lse); });
 }
 void run_backward_rows(const RefInputs& in, const DType* baseline_dtype, const std::vector<RowId>& q_rows, double* dq,
                        const std::vector<RowId>& k_rows, double* dk, double* dv) {
-  if (!baseline_dtype) return backward_rows(in, Exact{}, q_rows, dq, k_rows, dk, dv);
-  check_baseline_dtype(*baseline_dtype);
-  backward_rows(in, InDtype{*baseline_dtype}, q_rows, dq, k_rows, dk, dv);
+  with_arith(baseline_dtype, [&](auto arith) { backward_rows(in, arith, q_rows, dq, k_rows, dk, dv); });
 }
 
 }  // namespace reference_copy::FLASHATTN_REFERENCE_COPY
@@ -266,6 +266,12 @@ void run_backward_rows(const RefInputs& in, const DType* baseline_dtype, const s
 
 namespace {
 
+// A copy's entry points.
+struct Copy {
+  decltype(&reference_copy::baseline::run_forward_rows) forward;
+  decltype(&reference_copy::baseline::run_backward_rows) backward;
+};
+
 bool use_avx2_copy() {
 #ifdef FLASHATTN_HAVE_REFERENCE_AVX2
   static const bool cpu_has_avx2 = __builtin_cpu_supports("avx2");
@@ -276,20 +282,11 @@ bool use_avx2_copy() {
 #endif
 }
 
-void forward_copy(const RefInputs& in, const DType* baseline_dtype, const std::vector<RowId>& rows, double* o,
-                  double* lse) {
+Copy copy() {
 #ifdef FLASHATTN_HAVE_REFERENCE_AVX2
-  if (use_avx2_copy()) return reference_copy::avx2::run_forward_rows(in, baseline_dtype, rows, o, lse);
+  if (use_avx2_copy()) return {reference_copy::avx2::run_forward_rows, reference_copy::avx2::run_backward_rows};
 #endif
-  reference_copy::baseline::run_forward_rows(in, baseline_dtype, rows, o, lse);
-}
-
-void backward_copy(const RefInputs& in, const DType* baseline_dtype, const std::vector<RowId>& q_rows, double* dq,
-                   const std::vector<RowId>& k_rows, double* dk, double* dv) {
-#ifdef FLASHATTN_HAVE_REFERENCE_AVX2
-  if (use_avx2_copy()) return reference_copy::avx2::run_backward_rows(in, baseline_dtype, q_rows, dq, k_rows, dk, dv);
-#endif
-  reference_copy::baseline::run_backward_rows(in, baseline_dtype, q_rows, dq, k_rows, dk, dv);
+  return {reference_copy::baseline::run_forward_rows, reference_copy::baseline::run_backward_rows};
 }
 
 std::vector<RowId> all_rows(int B, int heads, int S) {
@@ -306,21 +303,21 @@ std::vector<RowId> all_rows(int B, int heads, int S) {
 const char* reference_instruction_set() { return use_avx2_copy() ? "avx2" : "baseline"; }
 
 void reference_forward_rows(const RefInputs& in, const std::vector<RowId>& rows, double* o, double* lse) {
-  forward_copy(in, nullptr, rows, o, lse);
+  copy().forward(in, nullptr, rows, o, lse);
 }
 
 void reference_backward_rows(const RefInputs& in, const std::vector<RowId>& q_rows, double* dq,
                              const std::vector<RowId>& k_rows, double* dk, double* dv) {
-  backward_copy(in, nullptr, q_rows, dq, k_rows, dk, dv);
+  copy().backward(in, nullptr, q_rows, dq, k_rows, dk, dv);
 }
 
 void baseline_forward_rows(const RefInputs& in, DType dtype, const std::vector<RowId>& rows, double* o, double* lse) {
-  forward_copy(in, &dtype, rows, o, lse);
+  copy().forward(in, &dtype, rows, o, lse);
 }
 
 void baseline_backward_rows(const RefInputs& in, DType dtype, const std::vector<RowId>& q_rows, double* dq,
                             const std::vector<RowId>& k_rows, double* dk, double* dv) {
-  backward_copy(in, &dtype, q_rows, dq, k_rows, dk, dv);
+  copy().backward(in, &dtype, q_rows, dq, k_rows, dk, dv);
 }
 
 void reference_forward(const RefInputs& in, double* o, double* lse) {
