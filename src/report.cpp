@@ -167,11 +167,19 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
     const RingRecord& g = *r.ring;
     auto opt_num = [](double x) { return x >= 0 ? num(x) : json(nullptr); };
     json per_gpu = json::array();
-    for (size_t i = 0; i < g.devices.size(); ++i)
+    for (size_t i = 0; i < g.devices.size(); ++i) {
+      json blocks = json::array();
+      if (i < g.block_spans.size())
+        for (const RingRecord::BlockSpan& b : g.block_spans[i])
+          blocks.push_back({{"step", b.step}, {"src", b.src}, {"stream", b.side ? "side" : "compute"},
+                            {"causal", b.causal}, {"q_rows", b.q_rows}, {"k_rows", b.k_rows},
+                            {"begin_ms", num(b.begin_ms)}, {"end_ms", num(b.end_ms)}});
       per_gpu.push_back({{"device", g.devices[i]},
                          {"tflops", i < g.tflops_per_gpu.size() ? num(g.tflops_per_gpu[i]) : json(nullptr)},
                          {"waiting_ms", i < g.waiting_ms.size() ? num(g.waiting_ms[i]) : json(nullptr)},
-                         {"blocks_ms", i < g.blocks_ms.size() ? num(g.blocks_ms[i]) : json(nullptr)}});
+                         {"blocks_ms", i < g.blocks_ms.size() ? num(g.blocks_ms[i]) : json(nullptr)},
+                         {"blocks", blocks}});
+    }
     json vs = json::array();
     for (const RingRecord::VsOneGpu& d : g.vs_one_gpu)
       vs.push_back({{"name", d.name}, {"max_abs", num(d.max_abs)}, {"rel_l2", num(d.rel_l2)},

@@ -48,6 +48,7 @@ std::string ring_note(const RingRecord& g, double median_ms);
 struct RingProfile {
   std::vector<double> blocks_ms;   // per GPU: from the start to the end of its last block
   std::vector<double> waiting_ms;  // per GPU: transfer waits not hidden (ring_steps.cpp, profile)
+  std::vector<std::vector<RingRecord::BlockSpan>> block_spans;  // per GPU (RingRecord::block_spans)
   double total_ms = 0;             // start to the last GPU's end (its outputs written)
   double exposed_comm_ms = 0;      // max over GPUs of waiting_ms: communication not hidden
   double link_gbps = 0;            // the fastest transfer of at least 1 MiB: bytes / its time

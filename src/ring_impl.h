@@ -265,6 +265,8 @@ struct Ring::Impl {
     std::vector<std::vector<char>> wait_alone;                // ... with no kernel running beside it
     std::vector<std::vector<cudaEvent_t>> comm_in, comm_out;  // around each transfer
     std::vector<std::vector<double>> comm_bytes;              // received by each transfer
+    std::vector<std::vector<cudaEvent_t>> block_in, block_out;  // around each block's kernel
+    std::vector<std::vector<RingRecord::BlockSpan>> blocks;     // ... and what it was
   };
 
   void use(const Dev& d) const { CUDA_CHECK(cudaSetDevice(d.id)); }
@@ -304,6 +306,8 @@ struct Ring::Impl {
   }
 
   void enqueue(cudaStream_t stream0, bool flush, Timeline* tl);
+  // The backward's accumulators zeroed where the first block does not store (compute stream).
+  void zero_accumulators(Dev& d);
 
   int max_len() const {
     int m = 0;

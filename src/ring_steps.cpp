@@ -81,13 +81,7 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
     if (flush && d.flusher) d.flusher->flush(d.compute);  // while rank 0 flushes before `start`
     for (cudaStream_t st : {d.compute, d.comm, d.merge, d.side}) CUDA_CHECK(cudaStreamWaitEvent(st, start, 0));
     if (tl) CUDA_CHECK(cudaEventRecord(tl->begin[d.rank], d.compute));
-    if (backward) {  // on the compute stream: the kernels may add or store into them
-      ring_fill(static_cast<float*>(d.dq_acc.get()), 0.f, q_elems(dq_rows(d.shard.len())), d.compute);
-      ring_fill(static_cast<float*>(d.acc[0].get()), 0.f, 2 * kv_elems(max_len()), d.compute);
-      if (dq_apart()) ring_fill(static_cast<float*>(d.dq_own.get()), 0.f, q_elems(d.shard.len()), d.compute);
-      CUDA_CHECK(cudaEventRecord(d.zeroed, d.compute));
-      CUDA_CHECK(cudaStreamWaitEvent(d.side, d.zeroed, 0));
-    }
+    if (backward) zero_accumulators(d);
   }
   fetch_kv(0, tl);  // the backward's first shard
   // Step s's block on its stream (ctx_of), once its K/V has arrived and its partial buffers
@@ -103,11 +97,24 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
     if (!own_step(s)) wait_for(d, stream, d.kv_arrived[s], tl, gated && s == 0);
     const bool uses_parts = !(backward && on_side(s));  // else the own block's own buffers
     if (s >= 2 && uses_parts) CUDA_CHECK(cudaStreamWaitEvent(stream, d.merged[s - 2], 0));
-    if (!block_of(d, s).call.skip) {
+    const RingCall& call = block_of(d, s).call;
+    if (tl && !call.skip) {
+      tl->block_in[d.rank].push_back(make_event(true));
+      CUDA_CHECK(cudaEventRecord(tl->block_in[d.rank].back(), stream));
+      RingRecord::BlockSpan span;
+      span.step = s, span.src = src_of(d.rank, s), span.side = stream == d.side, span.causal = call.causal;
+      span.q_rows = call.q_rows, span.k_rows = call.k_rows;
+      tl->blocks[d.rank].push_back(span);
+    }
+    if (!call.skip) {
       if (backward)
         entry->bwd(block_bwd_params(d, s, s & 1), ctx);
       else
         entry->fwd(block_params(d, s, s & 1), ctx);
+    }
+    if (tl && !call.skip) {
+      tl->block_out[d.rank].push_back(make_event(true));
+      CUDA_CHECK(cudaEventRecord(tl->block_out[d.rank].back(), stream));
     }
     CUDA_CHECK(cudaEventRecord(d.computed[s], stream));
     if (tl && side() && own_step(s)) CUDA_CHECK(cudaEventRecord(tl->own_end[d.rank], stream));
@@ -182,6 +189,30 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
   for (Dev& d : devs) CUDA_CHECK(cudaStreamWaitEvent(stream0, d.done, 0));
 }
 
+// The dQ accumulator (the kernels add into it), the first step's dK/dV accumulator and, where
+// the own block's dQ is apart (dq_apart), its buffer, zeroed on the compute stream before any
+// block. With fp32 gradients the first step's block stores its dK/dV into that accumulator
+// (every key row of the block: registry.h's fp32_gradients): only the source shard's other rows
+// are zeroed: none where the block takes all its keys, half where it takes one chunk of two (at
+// 64k the first 1 GB or 0.5 GB less before the own block starts).
+void Ring::Impl::zero_accumulators(Dev& d) {
+  ring_fill(static_cast<float*>(d.dq_acc.get()), 0.f, q_elems(dq_rows(d.shard.len())), d.compute);
+  const int src = src_of(d.rank, 0), len_src = shard_len(src);
+  const RingCall& c = d.blocks[src].call;
+  float* acc = static_cast<float*>(d.acc[0].get());
+  if (!f32_grads || own_step(0) || c.skip) {
+    ring_fill(acc, 0.f, 2 * kv_elems(max_len()), d.compute);
+  } else {  // per (dK or dV, batch, kv head): the rows before and after the block's
+    const size_t pitch = size_t(len_src) * dims().D * 4, height = 2 * size_t(dims().B) * dims().H_kv;
+    const size_t before = size_t(c.k_row0) * dims().D * 4, after = pitch - before - size_t(c.k_rows) * dims().D * 4;
+    if (before) CUDA_CHECK(cudaMemset2DAsync(acc, pitch, 0, before, height, d.compute));
+    if (after) CUDA_CHECK(cudaMemset2DAsync(reinterpret_cast<char*>(acc) + pitch - after, pitch, 0, after, height, d.compute));
+  }
+  if (dq_apart()) ring_fill(static_cast<float*>(d.dq_own.get()), 0.f, q_elems(d.shard.len()), d.compute);
+  CUDA_CHECK(cudaEventRecord(d.zeroed, d.compute));
+  CUDA_CHECK(cudaStreamWaitEvent(d.side, d.zeroed, 0));
+}
+
 // Forward, on the merge stream. The own block (step 0) wrote the outputs O and lse itself. Where
 // one other block follows it (two GPUs), that block is merged into them in place; else O goes to
 // the fp32 running result, the blocks between are merged into it, and the last one is merged and
@@ -242,7 +273,8 @@ RingProfile Ring::profile(cudaStream_t stream0) {
   Impl& s = *impl_;
   Impl::Timeline tl;
   // Indexed by rank, as every Timeline is: a process of a multi-process ring holds one of them.
-  for (auto* v : {&tl.wait_in, &tl.wait_out, &tl.comm_in, &tl.comm_out}) v->resize(s.n());
+  for (auto* v : {&tl.wait_in, &tl.wait_out, &tl.comm_in, &tl.comm_out, &tl.block_in, &tl.block_out}) v->resize(s.n());
+  tl.blocks.resize(s.n());
   tl.comm_bytes.resize(s.n());
   tl.wait_on_kernels.resize(s.n());
   tl.wait_alone.resize(s.n());
@@ -291,6 +323,14 @@ RingProfile Ring::profile(cudaStream_t stream0) {
         p.link_gbps = std::max(p.link_gbps, tl.comm_bytes[d.rank][i] / (ms * 1e-3) / 1e9);
     }
     p.waiting_ms.push_back(waiting);
+    std::vector<RingRecord::BlockSpan> spans = tl.blocks[d.rank];
+    for (size_t i = 0; i < spans.size(); ++i) {
+      CUDA_CHECK(cudaEventElapsedTime(&ms, tl.begin[d.rank], tl.block_in[d.rank][i]));
+      spans[i].begin_ms = ms;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, tl.begin[d.rank], tl.block_out[d.rank][i]));
+      spans[i].end_ms = ms;
+    }
+    p.block_spans.push_back(std::move(spans));
     p.total_ms = std::max(p.total_ms, double(end_ms));
     p.exposed_comm_ms = std::max(p.exposed_comm_ms, waiting);
   }
@@ -298,7 +338,8 @@ RingProfile Ring::profile(cudaStream_t stream0) {
     s.use(d);
     for (cudaEvent_t e : {tl.begin[d.rank], tl.end[d.rank], tl.compute_end[d.rank], tl.own_end[d.rank]})
       cudaEventDestroy(e);
-    for (auto* v : {&tl.wait_in[d.rank], &tl.wait_out[d.rank], &tl.comm_in[d.rank], &tl.comm_out[d.rank]})
+    for (auto* v : {&tl.wait_in[d.rank], &tl.wait_out[d.rank], &tl.comm_in[d.rank], &tl.comm_out[d.rank],
+                    &tl.block_in[d.rank], &tl.block_out[d.rank]})
       for (cudaEvent_t e : *v) cudaEventDestroy(e);
   }
   CUDA_CHECK(cudaSetDevice(s.devs[0].id));

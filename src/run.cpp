@@ -400,6 +400,7 @@ struct Session::Impl {
       info->profiled_ms = prof.total_ms;
       info->waiting_ms = prof.waiting_ms;
       info->blocks_ms = prof.blocks_ms;
+      info->block_spans = prof.block_spans;
       info->exposed_comm_ms = prof.exposed_comm_ms;
       info->link_gbps = prof.link_gbps;
       for (double f : ring->flops_per_device())

@@ -90,6 +90,17 @@ struct RingRecord {
   // Per GPU, from that repetition's start to the end of its last block: GPUs whose blocks take
   // different times (the causal steps' blocks have other shapes on each) wait for the slowest.
   std::vector<double> blocks_ms;
+  // Per GPU, that repetition's blocks, each with the time its stream reached its kernel (its K/V
+  // arrived, the buffers it writes free) and the time the kernel ended, in ms from the GPU's start:
+  // two kernels on a GPU's two streams share its SMs, so a span is not the kernel's time alone.
+  struct BlockSpan {
+    int step = 0, src = 0;  // the ring step, and the rank whose K/V shard it used
+    bool side = false;      // on the second kernels' stream
+    bool causal = false;
+    int q_rows = 0, k_rows = 0;
+    double begin_ms = 0, end_ms = 0;
+  };
+  std::vector<std::vector<BlockSpan>> block_spans;
   double exposed_comm_ms = 0;
   double link_gbps = 0;  // the fastest transfer of that repetition (>= 1 MiB): bytes / its time
   // The same kernel on devices[0] alone, same inputs, timed the same way (-1: not run, and why).

@@ -272,7 +272,8 @@ TEST_P(RingOnHost, EqualsTheWholeProblem) {
 INSTANTIATE_TEST_SUITE_P(Shapes, RingOnHost,
                          testing::Values(Case{2, 2, 2, 16, 8, 2, false, false}, Case{1, 2, 2, 17, 8, 2, true, false},
                                          Case{2, 4, 2, 33, 8, 3, true, false}, Case{3, 2, 2, 20, 8, 2, true, true},
-                                         Case{1, 2, 1, 3, 8, 2, true, false}, Case{2, 2, 2, 29, 16, 4, false, true}),
+                                         Case{1, 2, 1, 3, 8, 2, true, false}, Case{2, 2, 2, 29, 16, 4, false, true},
+                                         Case{1, 8, 4, 21, 8, 2, true, false}, Case{1, 16, 16, 9, 8, 2, false, false}),
                          [](const testing::TestParamInfo<Case>& i) {
                            const Case& c = i.param;
                            return "N" + std::to_string(c.N) + "_S" + std::to_string(c.S) + "_H" + std::to_string(c.H) +
