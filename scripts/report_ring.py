@@ -7,8 +7,10 @@ One row per (shape, mask) and mode, plus `both` (forward + backward medians adde
 median ms of both rings, ratio = PyTorch's median / ours (> 1: ours faster, the same statistic on
 both sides), per-GPU TFLOP/s, and each side's scaling efficiency (T(one GPU) / (N * T(ring)),
 each measured against its own one-GPU run), and our mean SM clock on the ring and on one GPU
-where the records have both (two loaded GPUs may each run slower than one alone). The ratio and
-the efficiencies have three decimals, so that one at a target's edge (1.05, 0.95) reads as it is. Rows of ours
+where the records have both (two loaded GPUs may each run slower than one alone), and which of our
+GPUs ended its blocks last in the profiled repetition and by how much after the first (a ring waits
+for its slowest GPU: the shards' work is level, the cards are not quite). The ratio and the
+efficiencies have three decimals, so that one at a target's edge (1.05, 0.95) reads as it is. Rows of ours
 that did not pass --check are left out.
 """
 import argparse
@@ -61,9 +63,22 @@ def clocks(runs, mode):
     return f"{ring:.0f} / {one:.0f}" if ring and one else "–"
 
 
+def last_gpu(runs, mode):
+    """'GPU i +x.x %': our GPU whose blocks ended last in the profiled repetition, and how far after
+    the first to end; '–' without the per-GPU record."""
+    r = runs.get(mode)
+    ends = [(g.get("blocks_ms"), g.get("device")) for g in ((r or {}).get("ring") or {}).get("per_gpu", [])]
+    ends = [e for e in ends if e[0]]
+    if len(ends) < 2:
+        return "–"
+    last, first = max(ends), min(ends)
+    return f"GPU {last[1]} +{100 * (last[0] / first[0] - 1):.1f} %"
+
+
 def table(ours, peers):
     out = ["| shape | mode | ours ms | PyTorch ms | × | ours TFLOP/s per GPU | PyTorch TFLOP/s per GPU | "
-           "ours efficiency | PyTorch efficiency | ours MHz ring / one GPU |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "ours efficiency | PyTorch efficiency | ours MHz ring / one GPU | ours last GPU |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda x, p: "–" if x is None else f"{x:.{p}f}"  # noqa: E731
     for key in sorted(ours):
         if key not in peers:
@@ -75,7 +90,7 @@ def table(ours, peers):
             if not a or not b:
                 continue
             out.append(f"| {shape} | {mode} | {a[0]:.3f} | {b[0]:.3f} | {b[0] / a[0]:.3f}× | {a[1]:.0f} | {b[1]:.0f} | "
-                       f"{fmt(a[2], 3)} | {fmt(b[2], 3)} | {clocks(ours[key], mode)} |")
+                       f"{fmt(a[2], 3)} | {fmt(b[2], 3)} | {clocks(ours[key], mode)} | {last_gpu(ours[key], mode)} |")
     return "\n".join(out)
 
 

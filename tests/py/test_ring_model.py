@@ -109,13 +109,15 @@ def test_report_ring_puts_both_rings_side_by_side(tmp_path):
     assert "| B1 H32 S32768 D128 | forward | 15.000 | 18.000 | 1.200× |" in text
     both = [line for line in text.splitlines() if "| both |" in line][0]
     assert "| 55.000 | 68.000 | 1.236× |" in both
-    assert both.endswith("| 0.982 | 0.846 | – |")  # (28 + 80) / (2 x 55), (30 + 85) / (2 x 68); no clocks
+    assert both.endswith("| 0.982 | 0.846 | – | – |")  # (28 + 80) / (2 x 55), (30 + 85) / (2 x 68); no clocks
     ours.write_text(json.dumps({"runs": [dict(rec("hopper", "forward", 15.0, 28.0),
                                               timing={"median_ms": 15.0, "sm_clock_mean_mhz": 1800.4},
                                               ring={"size": 2, "one_gpu_median_ms": 28.0, "scaling_efficiency": 0.93,
-                                                    "one_gpu_sm_clock_mean_mhz": 1950.0})]}) + "\n")
+                                                    "one_gpu_sm_clock_mean_mhz": 1950.0,
+                                                    "per_gpu": [{"device": 0, "blocks_ms": 14.5},
+                                                                {"device": 1, "blocks_ms": 14.8}]})]}) + "\n")
     forward = report_ring.table(report_ring.load(ours), report_ring.load(peers)).splitlines()[2]
-    assert forward.endswith("| 1800 / 1950 |")
+    assert forward.endswith("| 1800 / 1950 | GPU 1 +2.1 % |")  # 14.8 / 14.5
 
 
 def test_peers_ring_reads_the_presets_as_flashattn_does():
