@@ -98,23 +98,23 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
     const bool uses_parts = !(backward && on_side(s));  // else the own block's own buffers
     if (s >= 2 && uses_parts) CUDA_CHECK(cudaStreamWaitEvent(stream, d.merged[s - 2], 0));
     const RingCall& call = block_of(d, s).call;
-    if (tl && !call.skip) {
-      tl->block_in[d.rank].push_back(make_event(true));
-      CUDA_CHECK(cudaEventRecord(tl->block_in[d.rank].back(), stream));
-      RingRecord::BlockSpan span;
-      span.step = s, span.src = src_of(d.rank, s), span.side = stream == d.side, span.causal = call.causal;
-      span.q_rows = call.q_rows, span.k_rows = call.k_rows;
-      tl->blocks[d.rank].push_back(span);
-    }
     if (!call.skip) {
+      if (tl) {  // the block's span (RingRecord::block_spans)
+        RingRecord::BlockSpan span;
+        span.step = s, span.src = src_of(d.rank, s), span.side = stream == d.side, span.causal = call.causal;
+        span.q_rows = call.q_rows, span.k_rows = call.k_rows;
+        tl->blocks[d.rank].push_back(span);
+        tl->block_in[d.rank].push_back(make_event(true));
+        CUDA_CHECK(cudaEventRecord(tl->block_in[d.rank].back(), stream));
+      }
       if (backward)
         entry->bwd(block_bwd_params(d, s, s & 1), ctx);
       else
         entry->fwd(block_params(d, s, s & 1), ctx);
-    }
-    if (tl && !call.skip) {
-      tl->block_out[d.rank].push_back(make_event(true));
-      CUDA_CHECK(cudaEventRecord(tl->block_out[d.rank].back(), stream));
+      if (tl) {
+        tl->block_out[d.rank].push_back(make_event(true));
+        CUDA_CHECK(cudaEventRecord(tl->block_out[d.rank].back(), stream));
+      }
     }
     CUDA_CHECK(cudaEventRecord(d.computed[s], stream));
     if (tl && side() && own_step(s)) CUDA_CHECK(cudaEventRecord(tl->own_end[d.rank], stream));
