@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Rings side by side: flashattn's (--devices) against PyTorch's context parallelism (peers_ring.py).
 
-    report_ring.py OURS.jsonl PEERS.jsonl [--kernel hopper]
+    report_ring.py OURS.jsonl PEERS.jsonl [--kernel hopper] [--cards CARD0.jsonl CARD1.jsonl ...]
 
 One row per (shape, mask) and mode, plus `both` (forward + backward medians added, each side):
 median ms of both rings, ratio = PyTorch's median / ours (> 1: ours faster, the same statistic on
@@ -9,7 +9,10 @@ both sides), per-GPU TFLOP/s, and each side's scaling efficiency (T(one GPU) / (
 each measured against its own one-GPU run), and our mean SM clock on the ring and on one GPU
 where the records have both (two loaded GPUs may each run slower than one alone), and which of our
 GPUs ended its blocks last in the profiled repetition and by how much after the first (a ring waits
-for its slowest GPU: the shards' work is level, the cards are not quite). The ratio and the
+for its slowest GPU: the shards' work is level, the cards are not quite). With --cards (the same
+preset run by our kernel on one GPU, once on each card of the ring in ring order: ring_bench.sh's
+RING_CARDS=1), a last column gives each card's one-GPU median, which tells a slower card from a
+slower ring. The ratio and the
 efficiencies have three decimals, so that one at a target's edge (1.05, 0.95) reads as it is. Rows of ours
 that did not pass --check are left out.
 """
@@ -33,6 +36,40 @@ def load(path, kernel=None):
                 key = (s["B"], s["H"], s["H_kv"], s["S_q"], s["D"], bool(r["flags"].get("causal")))
                 rows.setdefault(key, {})[r["mode"]] = r
     return rows
+
+
+def load_card(path, kernel=None):
+    """{(shape key): {mode: median ms}} of one card's one-GPU runs (checked ones only)."""
+    out = {}
+    with open(path) as f:
+        text = f.read()
+    try:
+        docs = [json.loads(text)]
+    except ValueError:
+        docs = [json.loads(line) for line in text.splitlines() if line.strip()]
+    for d in docs:
+        for r in d.get("runs", []):
+            if r.get("status") != "ok" or r.get("ring") or (kernel and r["kernel"] != kernel):
+                continue
+            if r.get("check") is not None and not (r["check"] or {}).get("passed", True):
+                continue
+            s = r["shape"]
+            key = (s["B"], s["H"], s["H_kv"], s["S_q"], s["D"], bool(r["flags"].get("causal")))
+            out.setdefault(key, {})[r["mode"]] = r["timing"]["median_ms"]
+    return out
+
+
+def card_times(cards, key, mode):
+    """'52.35 / 53.10': the one-GPU median of `mode` (both: forward + backward) on each card, or '–'."""
+    times = []
+    for c in cards:
+        m = c.get(key, {})
+        t = m.get("forward", 0) + m.get("backward", 0) if mode == "both" and "forward" in m and "backward" in m \
+            else m.get(mode)
+        if t is None:
+            return "–"
+        times.append(f"{t:.2f}")
+    return " / ".join(times) if times else "–"
 
 
 def summary(runs, mode):
@@ -75,10 +112,10 @@ def last_gpu(runs, mode):
     return f"GPU {last[1]} +{100 * (last[0] / first[0] - 1):.1f} %"
 
 
-def table(ours, peers):
-    out = ["| shape | mode | ours ms | PyTorch ms | × | ours TFLOP/s per GPU | PyTorch TFLOP/s per GPU | "
-           "ours efficiency | PyTorch efficiency | ours MHz ring / one GPU | ours last GPU |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+def table(ours, peers, cards=None):
+    head = ("| shape | mode | ours ms | PyTorch ms | × | ours TFLOP/s per GPU | PyTorch TFLOP/s per GPU | "
+            "ours efficiency | PyTorch efficiency | ours MHz ring / one GPU | ours last GPU |")
+    out = [head + (" ours one GPU by card, ms |" if cards else ""), "|---" * (12 if cards else 11) + "|"]
     fmt = lambda x, p: "–" if x is None else f"{x:.{p}f}"  # noqa: E731
     for key in sorted(ours):
         if key not in peers:
@@ -90,7 +127,8 @@ def table(ours, peers):
             if not a or not b:
                 continue
             out.append(f"| {shape} | {mode} | {a[0]:.3f} | {b[0]:.3f} | {b[0] / a[0]:.3f}× | {a[1]:.0f} | {b[1]:.0f} | "
-                       f"{fmt(a[2], 3)} | {fmt(b[2], 3)} | {clocks(ours[key], mode)} | {last_gpu(ours[key], mode)} |")
+                       f"{fmt(a[2], 3)} | {fmt(b[2], 3)} | {clocks(ours[key], mode)} | {last_gpu(ours[key], mode)} |"
+                       + (f" {card_times(cards, key, mode)} |" if cards else ""))
     return "\n".join(out)
 
 
@@ -99,11 +137,13 @@ def main(argv=None):
     ap.add_argument("ours")
     ap.add_argument("peers")
     ap.add_argument("--kernel", help="only this kernel of ours (default: every ring run)")
+    ap.add_argument("--cards", nargs="+", help="our one-GPU runs of the preset, one file per card in ring order")
     a = ap.parse_args(argv)
     ours, peers = load(a.ours, a.kernel), load(a.peers)
     if not ours or not peers:
         sys.exit("report_ring.py: no ring run in " + (a.ours if not ours else a.peers))
-    print(table(ours, peers))
+    cards = [load_card(c, a.kernel) for c in a.cards] if a.cards else None
+    print(table(ours, peers, cards))
     return 0
 
 

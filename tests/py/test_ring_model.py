@@ -120,6 +120,33 @@ def test_report_ring_puts_both_rings_side_by_side(tmp_path):
     assert forward.endswith("| 1800 / 1950 | GPU 1 +2.1 % |")  # 14.8 / 14.5
 
 
+def test_report_ring_gives_each_cards_one_gpu_time(tmp_path):
+    import report_ring
+
+    def rec(kernel, mode, ms, ring=True, passed=True):
+        r = {"kernel": kernel, "mode": mode, "status": "ok", "shape": {"B": 1, "H": 32, "H_kv": 32, "S_q": 65536,
+             "S_k": 65536, "D": 128}, "flags": {"causal": True}, "timing": {"median_ms": ms},
+             "throughput": {"flops": 1e15}, "check": {"passed": passed}}
+        if ring:
+            r["ring"] = {"size": 2, "one_gpu_median_ms": 2 * ms, "scaling_efficiency": 0.95}
+        return r
+    ours, peers = tmp_path / "o.jsonl", tmp_path / "p.jsonl"
+    ours.write_text(json.dumps({"runs": [rec("hopper", "forward", 27.0), rec("hopper", "backward", 78.0)]}) + "\n")
+    peers.write_text(json.dumps({"runs": [rec("torch", "forward", 32.0), rec("torch", "backward", 92.0)]}) + "\n")
+    cards = []
+    for i, (f, b) in enumerate([(52.0, 148.5), (53.25, 152.0)]):
+        c = tmp_path / f"card{i}.json"  # the sweep's one pretty JSON document, not ring runs
+        c.write_text(json.dumps({"runs": [rec("hopper", "forward", f, ring=False),
+                                          rec("hopper", "backward", b, ring=False),
+                                          rec("hopper", "backward", 1.0, ring=False, passed=False)]}, indent=2))
+        cards.append(report_ring.load_card(str(c), "hopper"))
+    lines = report_ring.table(report_ring.load(ours), report_ring.load(peers), cards).splitlines()
+    assert lines[0].endswith("| ours one GPU by card, ms |") and lines[1].count("|---") == 12
+    assert lines[2].endswith("| 52.00 / 53.25 |") and lines[3].endswith("| 148.50 / 152.00 |")
+    assert lines[4].endswith("| 200.50 / 205.25 |")  # both: forward + backward on each card
+    assert "ours one GPU" not in report_ring.table(report_ring.load(ours), report_ring.load(peers))
+
+
 def test_peers_ring_reads_the_presets_as_flashattn_does():
     import peers_ring  # torch is imported only when it runs
 
