@@ -80,11 +80,17 @@ void compare_ring_outputs(const KernelOutputs& a, const KernelOutputs& b, RingRe
 }
 
 // --check on a ring: each output against the one-GPU run as well, with the one-GPU output in the
-// reference's place under the check's rule for that output. Relative L2 (fp32) as it is; max abs
-// (fp16, bf16) beyond one unit in the last place of the output's dtype: the two runs add the same
-// fp32 terms in a different order, and where their sums straddle a rounding boundary the final
-// rounding to the output's dtype parts them by one ulp, which no tolerance on the error against
-// fp64 (about half an ulp of the largest outputs) is meant to absorb.
+// reference's place, held to twice the check's tolerance for that output: relative L2 (fp32), or
+// max abs (fp16, bf16) beyond one unit in the last place of the output's dtype. Twice, because
+// each run is held to the tolerance against the truth, so two correct runs may part by twice it:
+// the ring's blocks may run the kernel in other tiles than the whole problem does (`hopper`'s
+// forward takes 192-row tiles under a causal mask from 32768 rows, so a 32k ring's 16k shards run
+// 128-row ones), and the backward's D_i = dO·O then meets another rounding of O (a 32k causal
+// ring's dQ parts from the one-GPU run's by 0.00244 beyond an ulp, and a 64k ring with a shard of
+// 32640 rows by the same against a tolerance of 0.00235). Beyond one ulp: where the two
+// runs' fp32 sums straddle a rounding boundary, the final rounding parts them by one ulp, which no
+// tolerance on the error against fp64 (about half an ulp of the largest outputs) is meant to
+// absorb. A ring that misses or repeats a block parts from the one-GPU run by far more.
 void judge_ring_vs_one_gpu(RunRecord& rec) {
   if (!rec.ring || !rec.check.performed) return;
   for (RingRecord::VsOneGpu& d : rec.ring->vs_one_gpu) {
@@ -92,7 +98,7 @@ void judge_ring_vs_one_gpu(RunRecord& rec) {
       if (o.name != d.name) continue;
       d.metric = o.metric == "rel_l2" ? "rel_l2" : "max_abs_beyond_1ulp";
       d.measured = o.metric == "rel_l2" ? d.rel_l2 : d.beyond_ulp;
-      d.tolerance = o.tolerance;
+      d.tolerance = 2 * o.tolerance;
       d.passed = d.measured <= d.tolerance;
       if (!d.passed) {
         rec.check.passed = false;
