@@ -21,42 +21,33 @@ import json
 import sys
 
 
-def load(path, kernel=None):
-    rows = {}
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            for r in json.loads(line).get("runs", []):
-                if r.get("status") != "ok" or not r.get("ring") or (kernel and r["kernel"] != kernel):
-                    continue
-                if r.get("check") is not None and not (r["check"] or {}).get("passed", True):
-                    continue
-                s = r["shape"]
-                key = (s["B"], s["H"], s["H_kv"], s["S_q"], s["D"], bool(r["flags"].get("causal")))
-                rows.setdefault(key, {})[r["mode"]] = r
-    return rows
-
-
-def load_card(path, kernel=None):
-    """{(shape key): {mode: median ms}} of one card's one-GPU runs (checked ones only)."""
-    out = {}
+def load(path, kernel=None, ring=True):
+    """{(B, H, H_kv, S, D, causal): {mode: run}} of the ring runs in `path` (ring=False: the one-GPU
+    runs), of `kernel` only if given, those that failed --check left out. The file is JSON lines
+    or one JSON document (a sweep's --json)."""
     with open(path) as f:
         text = f.read()
     try:
         docs = [json.loads(text)]
     except ValueError:
         docs = [json.loads(line) for line in text.splitlines() if line.strip()]
+    rows = {}
     for d in docs:
         for r in d.get("runs", []):
-            if r.get("status") != "ok" or r.get("ring") or (kernel and r["kernel"] != kernel):
+            if r.get("status") != "ok" or bool(r.get("ring")) != ring or (kernel and r["kernel"] != kernel):
                 continue
             if r.get("check") is not None and not (r["check"] or {}).get("passed", True):
                 continue
             s = r["shape"]
             key = (s["B"], s["H"], s["H_kv"], s["S_q"], s["D"], bool(r["flags"].get("causal")))
-            out.setdefault(key, {})[r["mode"]] = r["timing"]["median_ms"]
-    return out
+            rows.setdefault(key, {})[r["mode"]] = r
+    return rows
+
+
+def load_card(path, kernel=None):
+    """{(shape key): {mode: median ms}} of one card's one-GPU runs (checked ones only)."""
+    return {key: {m: r["timing"]["median_ms"] for m, r in modes.items()}
+            for key, modes in load(path, kernel, ring=False).items()}
 
 
 def card_times(cards, key, mode):
