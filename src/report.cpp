@@ -196,6 +196,7 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
                  {"last_block_alone", g.last_block_alone},
                  {"last_block_merges", g.last_block_merges},
                  {"registered_buffers", g.registered_buffers},
+                 {"copy_engine", g.copy_engine},
                  {"per_gpu", per_gpu},
                  {"profiled_ms", num(g.profiled_ms)},
                  {"exposed_comm_ms", num(g.exposed_comm_ms)},

@@ -53,6 +53,7 @@ bool Ring::side_stream() const { return false; }
 bool Ring::side_after_first_shard() const { return false; }
 bool Ring::last_block_alone() const { return false; }
 bool Ring::registered_buffers() const { return false; }
+bool Ring::copy_engine() const { return false; }
 bool Ring::last_block_merges() const { return false; }
 Ring::~Ring() = default;
 int Ring::size() const { return 0; }
@@ -115,6 +116,37 @@ DeviceBuffer Ring::Impl::transfer_buffer(const Dev& d, size_t bytes) const {
 #endif
 }
 
+std::unique_ptr<Window> Ring::Impl::window(const Dev& d, size_t slot_bytes) const {
+  auto w = std::make_unique<Window>();
+  w->comm = d.nccl;
+  if (slot_bytes == 0) return w;
+  use(d);
+  void* ptr = nullptr;
+  NCCL_CHECK(ncclMemAlloc(&ptr, 2 * slot_bytes));
+  w->mem = DeviceBuffer(ptr, 2 * slot_bytes, [](void* p) { ncclMemFree(p); });
+  return w;
+}
+
+// Every rank's windows registered at once (a collective call: one group over this process's GPUs;
+// the ranks of other processes make the same calls, in the same order, with the same sizes).
+void Ring::Impl::register_windows() {
+#if FLASHATTN_RING_HAVE_CE
+  NCCL_CHECK(ncclGroupStart());
+  for (Dev& d : devs) {
+    use(d);
+    for (Window* w : {d.kv_window.get(), d.acc_window.get()})
+      if (w && w->mem.bytes())
+        NCCL_CHECK(ncclCommWindowRegister(d.nccl, w->mem.get(), w->mem.bytes(), &w->win, NCCL_WIN_COLL_SYMMETRIC));
+  }
+  NCCL_CHECK(ncclGroupEnd());
+#endif
+}
+
+namespace {
+// A view of `bytes` at `p` (memory a Window owns).
+DeviceBuffer view(void* p, size_t bytes) { return DeviceBuffer(p, bytes, [](void*) {}); }
+}  // namespace
+
 void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
   const int len = d.shard.len(), max_kv = max_len();
   const size_t e = es(), B = dims().B, H = dims().H;
@@ -151,13 +183,22 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
   d.q = upload_array(shard_rows(in.q, dims().H, d.shard));
   {
     const HostArray k = shard_rows(in.k, dims().H_kv, d.shard), v = shard_rows(in.v, dims().H_kv, d.shard);
-    d.kv_own = transfer_buffer(d, k.nbytes() + v.nbytes());
+    const size_t slot = 2 * kv_elems(max_kv) * e;
+    d.kv_window.reset();
+    if (copy_engine) {  // the own K/V in slot `rank`, the other's arrives in the other slot
+      d.kv_window = window(d, slot);
+      d.kv_own = view(d.kv_window->slot(d.rank), slot);
+      d.kv[0] = view(d.kv_window->slot(1 - d.rank), slot);
+      d.kv[1] = DeviceBuffer();
+    } else {
+      d.kv_own = transfer_buffer(d, k.nbytes() + v.nbytes());
+      for (DeviceBuffer& b : d.kv) b = transfer_buffer(d, slot);
+    }
     if (k.nbytes()) {
       CUDA_CHECK(cudaMemcpy(d.kv_own.get(), k.bytes.data(), k.nbytes(), cudaMemcpyHostToDevice));
       CUDA_CHECK(cudaMemcpy(at(d.kv_own, int64_t(k.nbytes())), v.bytes.data(), v.nbytes(), cudaMemcpyHostToDevice));
     }
   }
-  for (DeviceBuffer& b : d.kv) b = transfer_buffer(d, 2 * kv_elems(max_kv) * e);
   d.o_acc = DeviceBuffer(q_elems(len) * acc_es);
   d.lse = DeviceBuffer(B * H * len * 4);
   for (int i = 2 - int(parts); i < 2; ++i) {
@@ -173,10 +214,15 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     d.dout = upload_array(shard_rows(*in.dout, dims().H, d.shard));
     d.lse_b = DeviceBuffer(B * H * d.shard.len_b * 4);
     d.dq_acc = DeviceBuffer(q_elems(dq_rows(len)) * 4);
+    const size_t acc_slot = 2 * kv_elems(max_kv) * 4;
+    d.acc_window.reset();
+    if (copy_engine) d.acc_window = window(d, acc_slot);
     for (int i = 0; i < 2; ++i) {
       d.dq_part[i] = DeviceBuffer(dq_part_elems * e);
       d.dkv_part[i] = DeviceBuffer(2 * kv_elems(k_rows) * part_es);
-      d.acc[i] = transfer_buffer(d, 2 * kv_elems(max_kv) * 4);
+      // copy_engine: the first step's accumulator (sent) in slot `rank`, the returning one in the other
+      d.acc[i] = copy_engine ? view(d.acc_window->slot(i == 0 ? d.rank : 1 - d.rank), acc_slot)
+                             : transfer_buffer(d, acc_slot);
     }
     d.dq = DeviceBuffer(q_elems(len) * e);
     d.dkv = DeviceBuffer(2 * kv_elems(len) * e);
@@ -240,6 +286,12 @@ ncclUniqueId exchange_id(const RingProcess& me) {
   throw RuntimeError("--ring-id: " + path + " did not appear within two minutes (is rank 0 running, with the same path?)");
 }
 
+// Whether a ring of `world` GPUs exchanges by NCCL's copy engines (ring_impl.h's copy_engine):
+// two GPUs and NCCL 2.28 or later, unless FLASHATTN_RING_COPY_ENGINE=0 (the ablation).
+bool ce_wanted(int world) {
+  return env_switch("FLASHATTN_RING_COPY_ENGINE", FLASHATTN_RING_HAVE_CE && world == 2);
+}
+
 }  // namespace
 
 void Ring::Impl::init_dev(Dev& d, int id, int rank, ncclComm_t comm, bool flusher) {
@@ -284,7 +336,23 @@ Ring::Ring(std::vector<int> devices) : impl_(std::make_unique<Impl>()) {
   s.world = static_cast<int>(s.ids.size());
   s.devs.resize(s.ids.size());
   std::vector<ncclComm_t> comms(s.ids.size());
-  NCCL_CHECK(ncclCommInitAll(comms.data(), s.world, s.ids.data()));
+  s.ce_comms = ce_wanted(s.world);
+  if (s.ce_comms) {  // ncclCommInitAll's communicators, with the zero-CTA policy
+#if FLASHATTN_RING_HAVE_CE
+    ncclUniqueId id;
+    NCCL_CHECK(ncclGetUniqueId(&id));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+    NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < s.world; ++r) {
+      CUDA_CHECK(cudaSetDevice(s.ids[r]));
+      NCCL_CHECK(ncclCommInitRankConfig(&comms[r], s.world, id, r, &config));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+#endif
+  } else {
+    NCCL_CHECK(ncclCommInitAll(comms.data(), s.world, s.ids.data()));
+  }
   // The first GPU's L2 is flushed by the caller's timer, the others' here.
   for (int r = 0; r < s.world; ++r) s.init_dev(s.devs[r], s.ids[r], r, comms[r], r > 0);
   CUDA_CHECK(cudaSetDevice(s.ids[0]));
@@ -301,7 +369,14 @@ Ring::Ring(int device, const RingProcess& me) : impl_(std::make_unique<Impl>()) 
   const ncclUniqueId id = exchange_id(me);
   CUDA_CHECK(cudaSetDevice(device));
   ncclComm_t comm = nullptr;
+  s.ce_comms = ce_wanted(s.world);
+#if FLASHATTN_RING_HAVE_CE
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  if (s.ce_comms) config.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+  NCCL_CHECK(ncclCommInitRankConfig(&comm, me.size, id, me.rank, &config));
+#else
   NCCL_CHECK(ncclCommInitRank(&comm, me.size, id, me.rank));
+#endif
   if (me.rank == 0) std::remove(me.id_file.c_str());  // every rank has joined: the id is spent
   s.init_dev(s.devs[0], device, me.rank, comm, false);  // this GPU's L2: the caller's timer
   CUDA_CHECK(cudaSetDevice(device));
@@ -340,6 +415,7 @@ bool Ring::side_stream() const { return impl_->side(); }
 bool Ring::side_after_first_shard() const { return impl_->side_gated; }  // implies side_bwd
 bool Ring::last_block_alone() const { return impl_->last_alone_fwd; }
 bool Ring::registered_buffers() const { return impl_->registered; }
+bool Ring::copy_engine() const { return impl_->copy_engine; }
 bool Ring::last_block_merges() const { return impl_->kernel_merge; }
 const std::vector<int>& Ring::devices() const { return impl_->ids; }
 
@@ -379,8 +455,10 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
   s.side_bwd = s.backward && side && s.f32_grads && !deterministic;
   s.side_gated = s.side_bwd && s.dims().H != s.dims().H_kv;
   s.registered = env_switch("FLASHATTN_RING_REGISTER", NCCL_VERSION_CODE >= NCCL_VERSION(2, 19, 0));
+  s.copy_engine = s.ce_comms && s.registered;
   s.bytes_held = 0;
   for (Impl::Dev& d : s.devs) s.allocate(d, in);
+  if (s.copy_engine) s.register_windows();
   if (!s.backward) return;
   // O and lse for the backward: the ring forward once (not timed).
   NvtxRange range("ring forward for O and lse");

@@ -1,7 +1,8 @@
 // Context-parallel (ring) attention over several GPUs of one process, through NCCL: the sequence
 // is sharded zig-zag across the GPUs (ring_plan.h), each keeps its query shard, and the K/V shards
 // travel around the ring (ncclSend/ncclRecv on a communication stream per GPU, double-buffered, so
-// the next shard arrives while the current one is computed). Any registered kernel that declares
+// the next shard arrives while the current one is computed; two GPUs exchange by an AllGather on
+// NCCL's copy engines instead, ring_impl.h). Any registered kernel that declares
 // `partial_outputs` computes the blocks:
 //   forward   the own shard first, its block writing O and lse; each later block gives O_p and
 //             lse_p, merged in (ring_ops.h) on a third stream while the next block computes: in
@@ -85,6 +86,8 @@ class Ring {
   // After prepare: whether NCCL sends from and receives into buffers registered with it
   // (zero-copy between the GPUs of a node; ring_impl.h).
   bool registered_buffers() const;
+  // After prepare: whether two GPUs exchange by NCCL's copy engines, no SM taken (ring_impl.h).
+  bool copy_engine() const;
 
   // Uploads the shards of `in` (host inputs in the problem's layout) for kernel `e` (its forward
   // or backward entry) and allocates every buffer; a backward also runs the ring forward once

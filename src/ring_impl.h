@@ -52,6 +52,35 @@ inline cudaEvent_t make_event(bool timing) {
 
 #define NCCL_CHECK(expr) ::flashattn::ring_detail::nccl_check((expr), #expr, __FILE__, __LINE__)
 
+// NCCL's copy-engine transfers (2.28: an AllGather between buffers of a symmetric window, on a
+// communicator whose CTA policy is zero) need no SM.
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+#define FLASHATTN_RING_HAVE_CE 1
+#else
+#define FLASHATTN_RING_HAVE_CE 0
+#endif
+
+namespace ring_detail {
+
+// Two slots of equal size in memory from ncclMemAlloc, registered with the communicator as a
+// symmetric window (every rank registers the same size at once, Impl::register_windows): rank r's
+// data in slot r, the other rank's arrives in slot 1 - r (Impl::copy_engine). Deregistered, then
+// freed, on destruction.
+struct Window {
+  DeviceBuffer mem;
+  ncclComm_t comm = nullptr;
+#if FLASHATTN_RING_HAVE_CE
+  ncclWindow_t win = nullptr;
+  ~Window() {
+    if (win) ncclCommWindowDeregister(comm, win);
+  }
+#endif
+  size_t slot_bytes() const { return mem.bytes() / 2; }
+  char* slot(int i) const { return static_cast<char*>(mem.get()) + i * slot_bytes(); }
+};
+
+}  // namespace ring_detail
+
 struct Ring::Impl {
   // The block a rank computes against source `src`'s K/V shard (the same whichever step it falls
   // on), and its keys below each batch element's length.
@@ -87,6 +116,9 @@ struct Ring::Impl {
     // its dQ (fp32, [B, H, len, D]): its kernel's dQ pass runs beside the others'.
     DeviceBuffer dkv_own, dq_own;
     DeviceBuffer ws, ws_side;  // the kernels' workspaces: compute's, side's (two kernels at once)
+    // copy_engine: the memory of kv_own and kv[0] (its two slots), and of acc[0] and acc[1]
+    // (the backward's), which are then views into it.
+    std::unique_ptr<ring_detail::Window> kv_window, acc_window;
     size_t ws_bytes = 0;
     // Per step: its block computed, merged (or accumulated), its K/V arrived, its dK/dV
     // accumulators sent on (and the next step's arrived).
@@ -164,6 +196,16 @@ struct Ring::Impl {
   // accesses beside the blocks' kernels). FLASHATTN_RING_REGISTER=0 turns it off (the ablation).
   bool registered = false;
   DeviceBuffer transfer_buffer(const Dev& d, size_t bytes) const;
+  // Two GPUs exchange their K/V shards and the backward's accumulators by NCCL's copy engines: an
+  // in-place AllGather over a symmetric window (ring_detail::Window) on communicators created with
+  // the zero-CTA policy. NCCL's send/recv kernels take SMs (32 CTAs for a K/V shard, each holding
+  // an SM that a block's CTA would use, and waiting there for its peer's); the copy engines take
+  // none, so the blocks keep every SM while the shards travel. ce_comms: the communicators were
+  // created so (two GPUs, NCCL 2.28, FLASHATTN_RING_COPY_ENGINE not 0); copy_engine: this run
+  // exchanges so (ce_comms and registered buffers).
+  bool ce_comms = false, copy_engine = false;
+  std::unique_ptr<ring_detail::Window> window(const Dev& d, size_t slot_bytes) const;
+  void register_windows();
   cudaEvent_t start = nullptr;  // on rank 0
   size_t bytes_held = 0;
 
@@ -276,8 +318,11 @@ struct Ring::Impl {
   // Every rank sends `send(r)` (the buffer of the block it used at step s: bytes_of(src) bytes)
   // to the next rank and receives from the previous one into `recv(r)`: one NCCL group over all
   // devices (one thread drives them all).
+  // With copy_engine (two GPUs), `window` names the Window whose slots `send` and `recv` are: one
+  // AllGather of a slot instead.
   template <class SendBuf, class RecvBuf, class Bytes>
-  void ring_shift(int s, SendBuf send, RecvBuf recv, Bytes bytes_of, Timeline* tl);
+  void ring_shift(int s, SendBuf send, RecvBuf recv, Bytes bytes_of, Timeline* tl,
+                  std::unique_ptr<ring_detail::Window> Dev::*window);
 
   // The K/V of step s into its buffer (each rank passes on what it used at step s - 1), once the
   // buffer is free (step s - 2 computed from it). Steps on the own shard need none.

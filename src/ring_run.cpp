@@ -124,6 +124,7 @@ std::string ring_note(const RingRecord& g, double median_ms) {
   if (g.side_stream) how += g.side_after_first_shard ? ", own block on a second stream after the first shard" : ", own block on a second stream";
   if (g.last_block_alone) how += g.last_block_merges ? ", last block alone, merging in its kernel" : ", last block alone";
   if (!g.registered_buffers) how += ", unregistered buffers";
+  if (g.copy_engine) how += ", copy-engine transfers";
   char buf[400];
   std::string who = "ring over GPUs " + ids;
   if (g.rank >= 0) who = "ring of " + std::to_string(g.size) + " processes (rank " + std::to_string(g.rank) + " on GPU " + ids + ")";

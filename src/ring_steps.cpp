@@ -18,7 +18,8 @@ using namespace ring_detail;
 // to the next rank and receives from the previous one into `recv(r)`: one NCCL group over all
 // devices (one thread drives them all).
 template <class SendBuf, class RecvBuf, class Bytes>
-void Ring::Impl::ring_shift(int s, SendBuf send, RecvBuf recv, Bytes bytes_of, Timeline* tl) {
+void Ring::Impl::ring_shift(int s, SendBuf send, RecvBuf recv, Bytes bytes_of, Timeline* tl,
+                            std::unique_ptr<Window> Dev::*window) {
   if (tl)
     for (Dev& d : devs) {
       use(d);
@@ -27,6 +28,15 @@ void Ring::Impl::ring_shift(int s, SendBuf send, RecvBuf recv, Bytes bytes_of, T
     }
   NCCL_CHECK(ncclGroupStart());
   for (Dev& d : devs) {
+    if (copy_engine) {  // two GPUs: the slot of this rank to the other's window, by copy engine
+      const Window& w = *(d.*window);
+      if (send(d) != w.slot(d.rank) || recv(d) != w.slot(1 - d.rank))
+        throw RuntimeError("ring: a copy-engine transfer between buffers that are not its window's slots");
+      if (w.slot_bytes())
+        NCCL_CHECK(ncclAllGather(w.slot(d.rank), w.mem.get(), w.slot_bytes(), ncclUint8, d.nccl, d.comm));
+      if (tl) tl->comm_bytes[d.rank].push_back(double(w.slot_bytes()));
+      continue;
+    }
     const size_t out = bytes_of(src_of(d.rank, s)), in = bytes_of(src_of(prev(d.rank), s));
     if (out) NCCL_CHECK(ncclSend(send(d), out, ncclUint8, next(d.rank), d.nccl, d.comm));
     if (in) NCCL_CHECK(ncclRecv(recv(d), in, ncclUint8, prev(d.rank), d.nccl, d.comm));
@@ -51,7 +61,7 @@ void Ring::Impl::fetch_kv(int s, Timeline* tl) {
   }
   ring_shift(
       s - 1, [&](Dev& d) { return kv_buffer(d, s - 1).get(); }, [&](Dev& d) { return kv_buffer(d, s).get(); },
-      [&](int r) { return kv_bytes_of(r); }, tl);
+      [&](int r) { return kv_bytes_of(r); }, tl, &Dev::kv_window);
   for (Dev& d : devs) {
     use(d);
     CUDA_CHECK(cudaEventRecord(d.kv_arrived[s], d.comm));
@@ -146,7 +156,7 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
       }
       ring_shift(
           s, [&](Dev& d) { return d.acc[s & 1].get(); }, [&](Dev& d) { return d.acc[(s + 1) & 1].get(); },
-          [&](int r) { return acc_bytes_of(r); }, tl);
+          [&](int r) { return acc_bytes_of(r); }, tl, &Dev::acc_window);
       for (Dev& d : devs) {
         use(d);
         CUDA_CHECK(cudaEventRecord(d.acc_arrived[s], d.comm));

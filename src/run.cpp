@@ -391,6 +391,7 @@ struct Session::Impl {
     info->side_after_first_shard = ring->side_after_first_shard();
     info->last_block_alone = ring->last_block_alone();
     info->registered_buffers = ring->registered_buffers();
+    info->copy_engine = ring->copy_engine();
     info->last_block_merges = ring->last_block_merges();
     if (e.mode == Mode::Backward) info->gradients = ring->fp32_gradients() ? "fp32" : "partial";
     if (opt.ring_process.size > 1) info->rank = opt.ring_process.rank;

@@ -82,6 +82,8 @@ struct RingRecord {
   bool last_block_merges = false;
   // NCCL's transfers went between buffers registered with it (ring_impl.h).
   bool registered_buffers = false;
+  // ... and, on two GPUs, by NCCL's copy engines, taking no SM from the blocks (ring_impl.h).
+  bool copy_engine = false;
   // One profiled repetition after the timed ones (events on every stream): its length, and per
   // GPU the time its compute stream waited for a transfer; the largest of those is the
   // communication the compute did not hide.

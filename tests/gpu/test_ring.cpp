@@ -2,7 +2,8 @@
 // backward, causal (zig-zag) and not, GQA, key padding (with an empty and a short sequence), and
 // lengths that 2N does not divide, the backward's gradients in fp32 where the kernel keeps them
 // so and as 16-bit partials, the own block beside the others on a second stream and on one
-// stream, the forward's last block with the whole GPU and on its per-tile grid, checked against
+// stream, the forward's last block with the whole GPU and on its per-tile grid, the transfers by
+// NCCL's copy engines (the default on two GPUs) and by its send/recv kernels, checked against
 // the fp64 reference like one-GPU runs, and compared with the same kernel on one GPU. Skipped
 // (with the reason) where fewer than two GPUs are present or the build has no NCCL.
 #include <gtest/gtest.h>
@@ -33,24 +34,25 @@ struct RingShape {
   bool one_stream;         // FLASHATTN_RING_SIDE_STREAM=0: every block on one stream
   bool last_shared;        // FLASHATTN_RING_LAST_ALONE=0: the forward's last block on its per-tile grid
   bool unregistered;       // FLASHATTN_RING_REGISTER=0: NCCL through its own staging buffers
+  bool send_recv;          // FLASHATTN_RING_COPY_ENGINE=0: NCCL's send/recv kernels, not its copy engines
   const char* tag;
 };
 
 const RingShape kShapes[] = {
-    {2, 4, 4, 256, false, false, true, false, false, false, "s256"},
-    {2, 4, 4, 256, false, false, false, false, false, false, "s256_f32"},
-    {1, 4, 4, 301, true, false, false, false, true, false, "s301_causal"},  // 2N = 4 does not divide S
-    {1, 4, 4, 301, true, false, false, true, false, true, "s301_causal_one_stream"},
-    {2, 8, 2, 257, true, false, false, false, false, false, "gqa8_2_s257_causal"},
-    {3, 2, 2, 200, true, true, true, false, false, true, "padding_causal"},
-    {3, 2, 2, 200, true, true, false, false, false, false, "padding_causal_f32"},
-    {1, 2, 2, 3, true, false, false, false, false, false, "s3_causal"},  // shards with empty chunks
+    {2, 4, 4, 256, false, false, true, false, false, false, false, "s256"},
+    {2, 4, 4, 256, false, false, false, false, false, false, false, "s256_f32"},
+    {1, 4, 4, 301, true, false, false, false, true, false, false, "s301_causal"},  // 2N = 4 does not divide S
+    {1, 4, 4, 301, true, false, false, true, false, true, false, "s301_causal_one_stream"},
+    {2, 8, 2, 257, true, false, false, false, false, false, false, "gqa8_2_s257_causal"},
+    {3, 2, 2, 200, true, true, true, false, false, true, false, "padding_causal"},
+    {3, 2, 2, 200, true, true, false, false, false, false, false, "padding_causal_f32"},
+    {1, 2, 2, 3, true, false, false, false, false, false, false, "s3_causal"},  // shards with empty chunks
     // Chunks of whole 16-row groups: dQ in the kernel's own layout where it offers one (so is s256
     // above, whose chunks are 64 rows).
-    {1, 4, 4, 1024, true, false, false, false, false, false, "s1024_causal"},
-    {1, 4, 4, 1024, true, false, false, true, false, false, "s1024_causal_one_stream"},
-    {2, 4, 2, 512, false, false, false, false, true, false, "gqa4_2_s512"},
-    {3, 2, 2, 512, true, true, false, false, false, false, "padding_causal_s512"},
+    {1, 4, 4, 1024, true, false, false, false, false, false, true, "s1024_causal"},
+    {1, 4, 4, 1024, true, false, false, true, false, false, false, "s1024_causal_one_stream"},
+    {2, 4, 2, 512, false, false, false, false, true, false, false, "gqa4_2_s512"},
+    {3, 2, 2, 512, true, true, false, false, false, false, false, "padding_causal_s512"},
 };
 
 struct RingCase {
@@ -123,6 +125,7 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     const ScopedEnv streams("FLASHATTN_RING_SIDE_STREAM", s.one_stream, "0");
     const ScopedEnv last("FLASHATTN_RING_LAST_ALONE", s.last_shared, "0");
     const ScopedEnv reg("FLASHATTN_RING_REGISTER", s.unregistered, "0");
+    const ScopedEnv ce("FLASHATTN_RING_COPY_ENGINE", s.send_recv, "0");
     Session session(std::move(in), so);
     const RunRecord r = session.run(*c.entry);
     ASSERT_TRUE(r.ring.has_value());
@@ -141,17 +144,21 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     EXPECT_EQ(r.ring->last_block_alone, forward && !s.last_shared);
     EXPECT_EQ(r.ring->last_block_merges, r.ring->last_block_alone && merges);
     EXPECT_EQ(r.ring->registered_buffers, !s.unregistered);
+    if (s.unregistered || s.send_recv) {
+      EXPECT_FALSE(r.ring->copy_engine);
+    }
     if (s.one_stream || (forward && !s.last_shared)) {
       EXPECT_FALSE(r.ring->side_stream);
     } else if (forward || r.ring->gradients == "fp32") {
       EXPECT_TRUE(r.ring->side_stream);
     }
     EXPECT_EQ(r.ring->side_after_first_shard, !forward && r.ring->side_stream && s.H != s.H_kv);
-    std::printf("  [ring %s %s D%d %s%s] vs one GPU: %s, max abs %.3g; scaling efficiency %.3f\n",
+    std::printf("  [ring %s %s D%d %s%s%s] vs one GPU: %s, max abs %.3g; scaling efficiency %.3f\n",
                 c.entry->kernel.c_str(), mode_name(c.entry->mode), c.D, s.tag,
                 r.ring->side_stream        ? ", two streams"
                 : r.ring->last_block_alone ? ", last block alone"
                                            : "",
+                r.ring->copy_engine ? ", copy engine" : "",
                 r.ring->bitwise_vs_one_gpu ? "bitwise" : "differs",
                 r.ring->max_abs_vs_one_gpu(), r.ring->scaling_efficiency);
   }
