@@ -131,14 +131,19 @@ std::unique_ptr<Window> Ring::Impl::window(const Dev& d, size_t slot_bytes) cons
 // the ranks of other processes make the same calls, in the same order, with the same sizes).
 void Ring::Impl::register_windows() {
 #if FLASHATTN_RING_HAVE_CE
-  NCCL_CHECK(ncclGroupStart());
-  for (Dev& d : devs) {
-    use(d);
-    for (Window* w : {d.kv_window.get(), d.acc_window.get()})
-      if (w && w->mem.bytes())
-        NCCL_CHECK(ncclCommWindowRegister(d.nccl, w->mem.get(), w->mem.bytes(), &w->win, NCCL_WIN_COLL_SYMMETRIC));
+  try {
+    NCCL_CHECK(ncclGroupStart());
+    for (Dev& d : devs) {
+      use(d);
+      for (Window* w : {d.kv_window.get(), d.acc_window.get()})
+        if (w && w->mem.bytes())
+          NCCL_CHECK(ncclCommWindowRegister(d.nccl, w->mem.get(), w->mem.bytes(), &w->win, NCCL_WIN_COLL_SYMMETRIC));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+  } catch (const RuntimeError& e) {
+    throw RuntimeError(std::string(e.what()) +
+                       " (the copy-engine exchange of two GPUs; FLASHATTN_RING_COPY_ENGINE=0 uses NCCL's send/recv instead)");
   }
-  NCCL_CHECK(ncclGroupEnd());
 #endif
 }
 
