@@ -172,7 +172,7 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
       if (i < g.block_spans.size())
         for (const RingRecord::BlockSpan& b : g.block_spans[i])
           blocks.push_back({{"step", b.step}, {"src", b.src}, {"stream", b.side ? "side" : "compute"},
-                            {"causal", b.causal}, {"q_rows", b.q_rows}, {"k_rows", b.k_rows},
+                            {"lent", b.lent}, {"causal", b.causal}, {"q_rows", b.q_rows}, {"k_rows", b.k_rows},
                             {"begin_ms", num(b.begin_ms)}, {"end_ms", num(b.end_ms)}});
       per_gpu.push_back({{"device", g.devices[i]},
                          {"tflops", i < g.tflops_per_gpu.size() ? num(g.tflops_per_gpu[i]) : json(nullptr)},
@@ -197,6 +197,7 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
                  {"last_block_merges", g.last_block_merges},
                  {"registered_buffers", g.registered_buffers},
                  {"copy_engine", g.copy_engine},
+                 {"lend", g.lend_rank >= 0 ? json{{"rank", g.lend_rank}, {"kv_heads", g.lend_kv_heads}} : json(nullptr)},
                  {"per_gpu", per_gpu},
                  {"profiled_ms", num(g.profiled_ms)},
                  {"exposed_comm_ms", num(g.exposed_comm_ms)},

@@ -54,6 +54,8 @@ bool Ring::side_after_first_shard() const { return false; }
 bool Ring::last_block_alone() const { return false; }
 bool Ring::registered_buffers() const { return false; }
 bool Ring::copy_engine() const { return false; }
+int Ring::lend_rank() const { return -1; }
+int Ring::lend_kv_heads() const { return 0; }
 bool Ring::last_block_merges() const { return false; }
 Ring::~Ring() = default;
 int Ring::size() const { return 0; }
@@ -166,6 +168,8 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     if (backward && entry->bwd_workspace) d.ws_bytes = std::max(d.ws_bytes, entry->bwd_workspace(block_bwd_params(d, s, 0)));
     if (fwd_entry->fwd_workspace) d.ws_bytes = std::max(d.ws_bytes, fwd_entry->fwd_workspace(block_params(d, s, 0)));
   }
+  if (lending() && d.rank != lend_rank && entry->bwd_workspace)  // the lent block, on the compute stream
+    d.ws_bytes = std::max(d.ws_bytes, entry->bwd_workspace(lent_params(d)));
   // Q, dO, the own K/V and two receive buffers, the workspace; the forward's running result
   // (none where the blocks merge in place), the partial results (steps 1, 3, ... in the second,
   // steps 2, 4, ... in the first; the own block writes O and lse) and O; the backward's
@@ -234,6 +238,7 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     if (side_bwd) d.dkv_own = DeviceBuffer(2 * kv_elems(len) * 4);
     if (dq_apart()) d.dq_own = DeviceBuffer(q_elems(len) * 4);
   }
+  allocate_lend(d);
   const int32_t* seqlens = in.seqlens_k ? in.seqlens_k->data<int32_t>() : nullptr;
   for (int src = 0; src < n() && seqlens; ++src) {  // each block's keys below each batch element's length
     Block& blk = d.blocks[src];
@@ -331,6 +336,9 @@ void Ring::Impl::init_dev(Dev& d, int id, int rank, ncclComm_t comm, bool flushe
   }
   d.zeroed = make_event(false);
   d.done = make_event(false);
+  d.lend_in_arrived = make_event(false);
+  d.lend_done = make_event(false);
+  d.lend_dq_arrived = make_event(false);
 }
 
 Ring::Ring(std::vector<int> devices) : impl_(std::make_unique<Impl>()) {
@@ -401,7 +409,7 @@ Ring::~Ring() {
     cudaSetDevice(d.id);
     for (auto* v : {&d.computed, &d.merged, &d.kv_arrived, &d.acc_arrived})
       for (cudaEvent_t e : *v) cudaEventDestroy(e);
-    for (cudaEvent_t e : {d.zeroed, d.done})
+    for (cudaEvent_t e : {d.zeroed, d.done, d.lend_in_arrived, d.lend_done, d.lend_dq_arrived})
       if (e) cudaEventDestroy(e);
     for (cudaStream_t st : {d.compute, d.comm, d.merge, d.side})
       if (st) cudaStreamDestroy(st);
@@ -421,6 +429,8 @@ bool Ring::side_after_first_shard() const { return impl_->side_gated; }  // impl
 bool Ring::last_block_alone() const { return impl_->last_alone_fwd; }
 bool Ring::registered_buffers() const { return impl_->registered; }
 bool Ring::copy_engine() const { return impl_->copy_engine; }
+int Ring::lend_rank() const { return impl_->lending() ? impl_->lend_rank : -1; }
+int Ring::lend_kv_heads() const { return impl_->lending() ? impl_->lend_kv : 0; }
 bool Ring::last_block_merges() const { return impl_->kernel_merge; }
 const std::vector<int>& Ring::devices() const { return impl_->ids; }
 
@@ -461,6 +471,7 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
   s.side_gated = s.side_bwd && s.dims().H != s.dims().H_kv;
   s.registered = env_switch("FLASHATTN_RING_REGISTER", NCCL_VERSION_CODE >= NCCL_VERSION(2, 19, 0));
   s.copy_engine = s.ce_comms && s.registered;
+  s.parse_lend();
   s.bytes_held = 0;
   for (Impl::Dev& d : s.devs) s.allocate(d, in);
   if (s.copy_engine) s.register_windows();
@@ -560,17 +571,22 @@ KernelOutputs Ring::gather() const {
 
 std::vector<double> Ring::flops_per_device() const {
   const Impl& s = *impl_;
+  auto flops = [&](const RingCall& c) {
+    if (c.skip) return 0.0;
+    Problem p = s.prob;
+    p.dims.S_q = c.q_rows, p.dims.S_k = c.k_rows;
+    p.causal = c.causal;
+    p.has_padding = false;
+    return s.backward ? backward_flops(p, nullptr) : forward_flops(p, nullptr);
+  };
+  // Lending moves the lent heads' share of the owner's other block to the helper.
+  const double lent = s.lending() ? flops(ring_call(s.dims().S_q, 2, s.lend_rank, 1 - s.lend_rank, s.prob.causal)) *
+                                        s.lend_heads() / s.dims().H
+                                  : 0.0;
   std::vector<double> f;
   for (const Impl::Dev& d : s.devs) {
-    double sum = 0;
-    for (const Impl::Block& blk : d.blocks) {
-      if (blk.call.skip) continue;
-      Problem p = s.prob;
-      p.dims.S_q = blk.call.q_rows, p.dims.S_k = blk.call.k_rows;
-      p.causal = blk.call.causal;
-      p.has_padding = false;
-      sum += s.backward ? backward_flops(p, nullptr) : forward_flops(p, nullptr);
-    }
+    double sum = d.rank == s.lend_rank ? -lent : lent;
+    for (const Impl::Block& blk : d.blocks) sum += flops(blk.call);
     f.push_back(sum);
   }
   return f;

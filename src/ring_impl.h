@@ -119,6 +119,11 @@ struct Ring::Impl {
     // copy_engine: the memory of kv_own and kv[0] (its two slots), and of acc[0] and acc[1]
     // (the backward's), which are then views into it.
     std::unique_ptr<ring_detail::Window> kv_window, acc_window;
+    // Lending (Impl::lending): the helper's inputs of the lent heads (Q, O, dO [K·group, len_o, D]
+    // each, then their lse over the block's rows, float) and its dQ for them (fp32, the kernel's
+    // accumulator layout, [K·group, dq_rows(len_o), D]); the owner's copy of that dQ.
+    DeviceBuffer lend_in, lend_dq, lend_dq_in;
+    cudaEvent_t lend_in_arrived = nullptr, lend_done = nullptr, lend_dq_arrived = nullptr;
     size_t ws_bytes = 0;
     // Per step: its block computed, merged (or accumulated), its K/V arrived, its dK/dV
     // accumulators sent on (and the next step's arrived).
@@ -204,6 +209,17 @@ struct Ring::Impl {
   // created so (two GPUs, NCCL 2.28, FLASHATTN_RING_COPY_ENGINE not 0); copy_engine: this run
   // exchanges so (ce_comms and registered buffers).
   bool ce_comms = false, copy_engine = false;
+  // Lending (two GPUs, backward; FLASHATTN_RING_LEND=R:K): rank R (the owner, a slower card) leaves
+  // the last K kv heads of its other block (step 0: its queries against the other rank's K/V) to
+  // the other rank (the helper), which holds those keys and values itself. The owner sends Q, O, dO
+  // and lse of those heads at the start; the helper computes them after its own step-0 block, once
+  // the owner's dK/dV accumulator has arrived, storing their dK/dV into it (the owner left those
+  // rows unwritten) and their dQ into a buffer of its own that goes back to the owner, who adds it
+  // into its dQ accumulator before the last pass. A GPU's work moves by 1 / (2 H_kv) of the
+  // ring's per kv head. ring_lend.cpp.
+  int lend_rank = -1, lend_kv = 0;
+  bool lending() const { return backward && lend_rank >= 0; }
+  int lend_heads() const { return lend_kv * (dims().H / dims().H_kv); }
   std::unique_ptr<ring_detail::Window> window(const Dev& d, size_t slot_bytes) const;
   void register_windows();
   cudaEvent_t start = nullptr;  // on rank 0
@@ -292,6 +308,7 @@ struct Ring::Impl {
         p.dq_accum_row0 = block_of(d, s).call.q_row0;
       }
     }
+    if (lending() && d.rank == lend_rank && !own_step(s)) p.H -= lend_heads(), p.H_kv -= lend_kv;  // the first heads
     return p;
   }
 
@@ -327,6 +344,15 @@ struct Ring::Impl {
   // The K/V of step s into its buffer (each rank passes on what it used at step s - 1), once the
   // buffer is free (step s - 2 computed from it). Steps on the own shard need none.
   void fetch_kv(int s, Timeline* tl);
+
+  // ---- lending (ring_lend.cpp) ----------------------------------------------------------------
+  void parse_lend();  // from the environment, in prepare (InputError where the ring cannot lend)
+  void allocate_lend(Dev& d);
+  BwdParams lent_params(const Dev& helper) const;
+  void send_lend_inputs(Timeline* tl);  // on the transfer streams, after the first K/V shard
+  void compute_lent(Dev& helper, Timeline* tl);  // the helper's compute stream
+  void return_lent_dq(Timeline* tl);             // the transfer streams, after the lent block
+  void add_lent_dq(Dev& owner, Timeline* tl);  // the owner's merge stream, before dQ is written
 
   // ---- a repetition ---------------------------------------------------------------------------
   // `stream` waits for `e`, a transfer's end; timed under profile(), where `alone` says no kernel

@@ -94,6 +94,7 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
     if (backward) zero_accumulators(d);
   }
   fetch_kv(0, tl);  // the backward's first shard
+  if (lending()) send_lend_inputs(tl);
   // Step s's block on its stream (ctx_of), once its K/V has arrived and its partial buffers
   // were merged from (at step s - 2).
   auto compute_step = [&](Dev& d, int s) {
@@ -162,6 +163,11 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
         CUDA_CHECK(cudaEventRecord(d.acc_arrived[s], d.comm));
       }
     }
+    if (lending() && s == 0) {  // the helper's part of the owner's block, once its accumulator is here
+      for (Dev& d : devs)
+        if (d.rank != lend_rank) compute_lent(d, tl);
+      return_lent_dq(tl);
+    }
   }
   for (Dev& d : devs) {
     use(d);
@@ -169,6 +175,12 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
     if (tl) CUDA_CHECK(cudaEventRecord(tl->compute_end[d.rank], d.compute));
     const int len = d.shard.len();
     if (backward) {  // the last step's block was the own one: its accumulator is complete here
+      if (lending()) {  // the lent heads' dQ into the owner's; at the helper, their dK/dV are in acc
+        if (d.rank == lend_rank)
+          add_lent_dq(d, tl);
+        else  // (sent: the lent block has ended, and its dQ buffer is free for the next repetition)
+          CUDA_CHECK(cudaStreamWaitEvent(d.merge, d.lend_dq_arrived, 0));
+      }
       if (dq_accum && len > 0) {  // the kernel's layout: its own pass writes it out
         BwdParams fin;
         fin.dtype = prob.dtype, fin.B = dims().B, fin.H = dims().H, fin.S_q = len, fin.D = dims().D;

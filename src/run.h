@@ -84,6 +84,9 @@ struct RingRecord {
   bool registered_buffers = false;
   // ... and, on two GPUs, by NCCL's copy engines, taking no SM from the blocks (ring_impl.h).
   bool copy_engine = false;
+  // The backward's lending: the rank whose other block left kv heads to the other GPU (-1: none)
+  // and how many (FLASHATTN_RING_LEND; ring_impl.h).
+  int lend_rank = -1, lend_kv_heads = 0;
   // One profiled repetition after the timed ones (events on every stream): its length, and per
   // GPU the time its compute stream waited for a transfer; the largest of those is the
   // communication the compute did not hide.
@@ -98,6 +101,7 @@ struct RingRecord {
   struct BlockSpan {
     int step = 0, src = 0;  // the ring step, and the rank whose K/V shard it used
     bool side = false;      // on the second kernels' stream
+    bool lent = false;      // another rank's queries (lending: its lent heads against this GPU's K/V)
     bool causal = false;
     int q_rows = 0, k_rows = 0;
     double begin_ms = 0, end_ms = 0;

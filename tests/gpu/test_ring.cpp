@@ -20,6 +20,7 @@
 #include "flashattn/device_fill.h"
 #include "params_build.h"
 #include "ring.h"
+#include "ring_block.h"
 #include "run.h"
 #include "scoped_env.h"
 
@@ -36,6 +37,7 @@ struct RingShape {
   bool unregistered;       // FLASHATTN_RING_REGISTER=0: NCCL through its own staging buffers
   bool send_recv;          // FLASHATTN_RING_COPY_ENGINE=0: NCCL's send/recv kernels, not its copy engines
   const char* tag;
+  const char* lend = nullptr;  // FLASHATTN_RING_LEND (the backward of a kernel that can lend; B = 1)
 };
 
 const RingShape kShapes[] = {
@@ -53,6 +55,11 @@ const RingShape kShapes[] = {
     {1, 4, 4, 1024, true, false, false, true, false, false, false, "s1024_causal_one_stream"},
     {2, 4, 2, 512, false, false, false, false, true, false, false, "gqa4_2_s512"},
     {3, 2, 2, 512, true, true, false, false, false, false, false, "padding_causal_s512"},
+    // Lending: rank 1's other block leaves a kv head to rank 0 (causal), rank 0's two of four
+    // query heads (GQA 8/4: a kv head and its group) to rank 1.
+    {1, 4, 4, 1024, true, false, false, false, false, false, false, "lend_1_1_s1024_causal", "1:1"},
+    {1, 8, 4, 512, false, false, false, false, false, false, false, "lend_0_1_gqa8_4_s512", "0:1"},
+    {1, 8, 4, 1024, true, false, false, false, false, false, false, "lend_0_3_gqa8_4_s1024_causal", "0:3"},
 };
 
 struct RingCase {
@@ -113,6 +120,9 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
       p.has_padding = true;
     }
     if (!why_unsupported(*c.entry, p, query_device(0).sm()).empty()) continue;  // a feature it lacks
+    const bool can_lend = c.entry->mode == Mode::Backward && c.entry->dq_finish != nullptr &&
+                          c.entry->fp32_gradients != nullptr && c.entry->fp32_gradients(ring_block_bwd(p, 1, 1, RingCall{}, {}));
+    if (s.lend && !can_lend) continue;
     const bool merges = c.entry->merges_output != nullptr && c.entry->merges_output(forward_params(p));
     SessionOptions so;
     so.device = 0;
@@ -126,6 +136,7 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     const ScopedEnv last("FLASHATTN_RING_LAST_ALONE", s.last_shared, "0");
     const ScopedEnv reg("FLASHATTN_RING_REGISTER", s.unregistered, "0");
     const ScopedEnv ce("FLASHATTN_RING_COPY_ENGINE", s.send_recv, "0");
+    const ScopedEnv lend("FLASHATTN_RING_LEND", s.lend != nullptr, s.lend ? s.lend : "");
     Session session(std::move(in), so);
     const RunRecord r = session.run(*c.entry);
     ASSERT_TRUE(r.ring.has_value());
@@ -144,6 +155,8 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     EXPECT_EQ(r.ring->last_block_alone, forward && !s.last_shared);
     EXPECT_EQ(r.ring->last_block_merges, r.ring->last_block_alone && merges);
     EXPECT_EQ(r.ring->registered_buffers, !s.unregistered);
+    EXPECT_EQ(r.ring->lend_rank, s.lend ? s.lend[0] - '0' : -1);
+    EXPECT_EQ(r.ring->lend_kv_heads, s.lend ? s.lend[2] - '0' : 0);
     if (s.unregistered || s.send_recv) {
       EXPECT_FALSE(r.ring->copy_engine);
     }

@@ -1,0 +1,184 @@
+// Lending (ring_impl.h's lend_rank): on two GPUs, the slower card's other block gives its last
+// kv heads to the faster one, which holds their keys and values already. Only with NCCL.
+#ifdef FLASHATTN_HAVE_NCCL
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "flashattn/ring_ops.h"
+#include "ring_impl.h"
+
+namespace flashattn {
+
+using namespace ring_detail;
+
+void Ring::Impl::parse_lend() {
+  lend_rank = -1, lend_kv = 0;
+  const char* v = std::getenv("FLASHATTN_RING_LEND");
+  if (v == nullptr || *v == '\0' || !backward) return;
+  const std::string text = v;
+  auto refuse = [&](const std::string& why) { throw InputError("FLASHATTN_RING_LEND=" + text + ": " + why); };
+  int rank = -1, kv = 0;
+  char tail = 0;
+  if (std::sscanf(v, "%d:%d%c", &rank, &kv, &tail) != 2) refuse("expected RANK:KV_HEADS (rank 0 or 1 lends that many kv heads)");
+  if (n() != 2) refuse("lending is for a ring of two GPUs");
+  if (rank != 0 && rank != 1) refuse("the lending rank is 0 or 1");
+  if (kv < 1 || kv >= dims().H_kv)
+    refuse("the kv heads lent are 1 to H_kv - 1 = " + std::to_string(dims().H_kv - 1));
+  if (dims().B != 1) refuse("lending needs B = 1 (the lent heads' rows are one range per tensor)");
+  if (prob.has_padding) refuse("lending does not carry key padding");
+  if (!f32_grads || !dq_accum)
+    refuse("lending needs a kernel that keeps fp32 gradients and offers its dQ accumulator (hopper)");
+  const RingCall c = ring_call(dims().S_q, n(), rank, 1 - rank, prob.causal);
+  if (c.skip) refuse("the lending rank's other block is empty");
+  lend_rank = rank, lend_kv = kv;
+}
+
+// The owner's block that the helper takes part of: the owner's queries against the helper's K/V.
+namespace {
+RingCall lent_call(const Problem& prob, int owner) { return ring_call(prob.dims.S_q, 2, owner, 1 - owner, prob.causal); }
+}  // namespace
+
+void Ring::Impl::allocate_lend(Dev& d) {
+  for (DeviceBuffer* b : {&d.lend_in, &d.lend_dq, &d.lend_dq_in}) *b = DeviceBuffer();
+  if (!lending()) return;
+  const RingCall c = lent_call(prob, lend_rank);
+  const int len_o = shard_len(lend_rank), kh = lend_heads(), D = dims().D;
+  const size_t dq_bytes = size_t(kh) * dq_rows(len_o) * D * 4;
+  use(d);
+  if (d.rank == lend_rank) {
+    d.lend_dq_in = DeviceBuffer(dq_bytes);
+  } else {
+    d.lend_in = DeviceBuffer(3 * size_t(kh) * len_o * D * es() + size_t(kh) * c.q_rows * 4);
+    d.lend_dq = DeviceBuffer(dq_bytes);
+  }
+}
+
+BwdParams Ring::Impl::lent_params(const Dev& h) const {
+  const int o = lend_rank, len_o = shard_len(o), len_h = h.shard.len(), kh = lend_heads(), D = dims().D;
+  const RingCall c = lent_call(prob, o);
+  const int64_t head = int64_t(kh) * len_o * D;  // elements of one input, the lent heads
+  RingBlockBuffers b;
+  b.q = h.lend_in.get();
+  b.o = at(h.lend_in, head * int64_t(es()));
+  b.dout = at(h.lend_in, 2 * head * int64_t(es()));
+  b.lse = at(h.lend_in, 3 * head * int64_t(es()));
+  // The helper's own K and V, from the first lent kv head (each [1, H_kv, len_h, D]).
+  b.kv = at(h.kv_own, int64_t(dims().H_kv - lend_kv) * len_h * D * int64_t(es()));
+  b.workspace = h.ws.get();
+  b.workspace_bytes = h.ws_bytes;
+  BwdParams p = ring_block_bwd(prob, len_o, len_h, c, b);
+  // dK/dV into the owner's accumulator, arrived in acc[1] (the whole shard's layout, those heads).
+  float* acc = static_cast<float*>(h.acc[1].get()) + int64_t(dims().H_kv - lend_kv) * len_h * D;
+  float* dq = static_cast<float*>(h.lend_dq.get());
+  ring_block_grads_f32(prob, len_o, len_h, c, dq, acc, /*whole_shard=*/true, &p);
+  p.dq_accum = dq;
+  p.dq_accum_rows = dq_rows(len_o);
+  p.dq_accum_row0 = c.q_row0;
+  p.H = kh, p.H_kv = lend_kv;
+  p.num_sms = h.ctx.sm_count;
+  p.deterministic = deterministic;
+  return p;
+}
+
+// The owner's Q, O, dO and lse of the lent heads to the helper (point to point: small, once).
+void Ring::Impl::send_lend_inputs(Timeline* tl) {
+  const RingCall c = lent_call(prob, lend_rank);
+  const int len_o = shard_len(lend_rank), kh = lend_heads(), H = dims().H, D = dims().D;
+  const size_t bytes = size_t(kh) * len_o * D * es(), lse_bytes = size_t(kh) * c.q_rows * 4;
+  const int64_t first = int64_t(H - kh) * len_o * D * int64_t(es());  // the lent heads are the last
+  NCCL_CHECK(ncclGroupStart());
+  for (Dev& d : devs) {
+    use(d);
+    if (tl) {
+      tl->comm_in[d.rank].push_back(make_event(true));
+      CUDA_CHECK(cudaEventRecord(tl->comm_in[d.rank].back(), d.comm));
+    }
+    if (d.rank == lend_rank) {
+      const int helper = 1 - lend_rank;
+      for (const DeviceBuffer* src : {&d.q, &d.o, &d.dout})
+        NCCL_CHECK(ncclSend(at(*src, first), bytes, ncclUint8, helper, d.nccl, d.comm));
+      const DeviceBuffer& lse = c.q_row0 == 0 ? d.lse : d.lse_b;  // the block's rows, contiguous
+      NCCL_CHECK(ncclSend(at(lse, int64_t(H - kh) * c.q_rows * 4), lse_bytes, ncclUint8, helper, d.nccl, d.comm));
+    } else {
+      for (int i = 0; i < 4; ++i)
+        NCCL_CHECK(ncclRecv(at(d.lend_in, i * int64_t(bytes)), i < 3 ? bytes : lse_bytes, ncclUint8, lend_rank, d.nccl,
+                            d.comm));
+    }
+    if (tl) tl->comm_bytes[d.rank].push_back(double(3 * bytes + lse_bytes));
+  }
+  NCCL_CHECK(ncclGroupEnd());
+  for (Dev& d : devs) {
+    use(d);
+    CUDA_CHECK(cudaEventRecord(d.lend_in_arrived, d.comm));
+    if (tl) {
+      tl->comm_out[d.rank].push_back(make_event(true));
+      CUDA_CHECK(cudaEventRecord(tl->comm_out[d.rank].back(), d.comm));
+    }
+  }
+}
+
+// On the helper's compute stream, once the inputs and the owner's accumulator have arrived (its
+// own step-0 block is ahead of it there, the own block beside it); then its dQ to the owner.
+void Ring::Impl::compute_lent(Dev& h, Timeline* tl) {
+  use(h);
+  wait_for(h, h.compute, h.lend_in_arrived, tl);
+  wait_for(h, h.compute, h.acc_arrived[0], tl);
+  ring_fill(static_cast<float*>(h.lend_dq.get()), 0.f, int64_t(h.lend_dq.bytes() / 4), h.compute);
+  const BwdParams p = lent_params(h);
+  if (tl) {
+    RingRecord::BlockSpan span;
+    span.step = 0, span.src = h.rank, span.lent = true, span.causal = p.causal;
+    span.q_rows = p.S_q, span.k_rows = p.S_k;
+    tl->blocks[h.rank].push_back(span);
+    tl->block_in[h.rank].push_back(make_event(true));
+    CUDA_CHECK(cudaEventRecord(tl->block_in[h.rank].back(), h.compute));
+  }
+  entry->bwd(p, h.ctx);
+  if (tl) {
+    tl->block_out[h.rank].push_back(make_event(true));
+    CUDA_CHECK(cudaEventRecord(tl->block_out[h.rank].back(), h.compute));
+  }
+  CUDA_CHECK(cudaEventRecord(h.lend_done, h.compute));
+}
+
+// The lent heads' dQ (fp32, the kernel's layout) from the helper to the owner, after the lent block.
+void Ring::Impl::return_lent_dq(Timeline* tl) {
+  NCCL_CHECK(ncclGroupStart());
+  for (Dev& d : devs) {
+    use(d);
+    if (d.rank != lend_rank) CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.lend_done, 0));
+    if (tl) {
+      tl->comm_in[d.rank].push_back(make_event(true));
+      CUDA_CHECK(cudaEventRecord(tl->comm_in[d.rank].back(), d.comm));
+    }
+    const DeviceBuffer& buf = d.rank == lend_rank ? d.lend_dq_in : d.lend_dq;
+    if (d.rank == lend_rank)
+      NCCL_CHECK(ncclRecv(buf.get(), buf.bytes(), ncclUint8, 1 - lend_rank, d.nccl, d.comm));
+    else
+      NCCL_CHECK(ncclSend(buf.get(), buf.bytes(), ncclUint8, lend_rank, d.nccl, d.comm));
+    if (tl) tl->comm_bytes[d.rank].push_back(double(buf.bytes()));
+  }
+  NCCL_CHECK(ncclGroupEnd());
+  for (Dev& d : devs) {
+    use(d);
+    CUDA_CHECK(cudaEventRecord(d.lend_dq_arrived, d.comm));
+    if (tl) {
+      tl->comm_out[d.rank].push_back(make_event(true));
+      CUDA_CHECK(cudaEventRecord(tl->comm_out[d.rank].back(), d.comm));
+    }
+  }
+}
+
+// The owner's merge stream: the lent heads' dQ into its accumulator (same layout, those heads).
+void Ring::Impl::add_lent_dq(Dev& o, Timeline* tl) {
+  wait_for(o, o.merge, o.lend_dq_arrived, tl);
+  const int rows = dq_rows(o.shard.len()), kh = lend_heads(), D = dims().D;
+  float* acc = static_cast<float*>(o.dq_acc.get()) + int64_t(dims().H - kh) * rows * D;
+  ring_accumulate(DType::F32, o.lend_dq_in.get(), acc, 1, kh, rows, 0, rows, D, o.merge);
+}
+
+}  // namespace flashattn
+
+#endif  // FLASHATTN_HAVE_NCCL
