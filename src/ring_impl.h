@@ -215,8 +215,8 @@ struct Ring::Impl {
   // and lse of those heads at the start; the helper computes them after its own step-0 block, once
   // the owner's dK/dV accumulator has arrived, storing their dK/dV into it (the owner left those
   // rows unwritten) and their dQ into a buffer of its own that goes back to the owner, who adds it
-  // into its dQ accumulator before the last pass. A GPU's work moves by 1 / (2 H_kv) of the
-  // ring's per kv head. ring_lend.cpp.
+  // into its dQ accumulator before the last pass. Each kv head lent moves 1 / (2 H_kv) of a GPU's
+  // work from the owner to the helper. ring_lend.cpp.
   int lend_rank = -1, lend_kv = 0;
   bool lending() const { return backward && lend_rank >= 0; }
   int lend_heads() const { return lend_kv * (dims().H / dims().H_kv); }
