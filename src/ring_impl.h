@@ -331,6 +331,48 @@ struct Ring::Impl {
   void use(const Dev& d) const { CUDA_CHECK(cudaSetDevice(d.id)); }
   void init_dev(Dev& d, int id, int rank, ncclComm_t comm, bool flusher);
 
+  // One NCCL group over this process's GPUs on their transfer streams: `calls(d)` enqueues a GPU's
+  // sends and receives and returns the bytes it receives. Under profile() each GPU's part is
+  // timed (Timeline::comm_in/comm_out/comm_bytes).
+  template <class Calls>
+  void group_transfer(Timeline* tl, Calls calls) {
+    if (tl)
+      for (Dev& d : devs) {
+        use(d);
+        tl->comm_in[d.rank].push_back(ring_detail::make_event(true));
+        CUDA_CHECK(cudaEventRecord(tl->comm_in[d.rank].back(), d.comm));
+      }
+    NCCL_CHECK(ncclGroupStart());
+    for (Dev& d : devs) {
+      use(d);
+      const double bytes = calls(d);
+      if (tl) tl->comm_bytes[d.rank].push_back(bytes);
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    if (tl)
+      for (Dev& d : devs) {
+        use(d);
+        tl->comm_out[d.rank].push_back(ring_detail::make_event(true));
+        CUDA_CHECK(cudaEventRecord(tl->comm_out[d.rank].back(), d.comm));
+      }
+  }
+
+  // A block's kernel, `launch()` on `stream`; under profile() its span is recorded
+  // (RingRecord::block_spans: `span` with the times of the events around it).
+  template <class Launch>
+  void timed_block(Dev& d, cudaStream_t stream, const RingRecord::BlockSpan& span, Timeline* tl, Launch launch) {
+    if (tl) {
+      tl->blocks[d.rank].push_back(span);
+      tl->block_in[d.rank].push_back(ring_detail::make_event(true));
+      CUDA_CHECK(cudaEventRecord(tl->block_in[d.rank].back(), stream));
+    }
+    launch();
+    if (tl) {
+      tl->block_out[d.rank].push_back(ring_detail::make_event(true));
+      CUDA_CHECK(cudaEventRecord(tl->block_out[d.rank].back(), stream));
+    }
+  }
+
   // ---- transfers ------------------------------------------------------------------------------
   // Every rank sends `send(r)` (the buffer of the block it used at step s: bytes_of(src) bytes)
   // to the next rank and receives from the previous one into `recv(r)`: one NCCL group over all

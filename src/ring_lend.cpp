@@ -88,13 +88,7 @@ void Ring::Impl::send_lend_inputs(Timeline* tl) {
   const int len_o = shard_len(lend_rank), kh = lend_heads(), H = dims().H, D = dims().D;
   const size_t bytes = size_t(kh) * len_o * D * es(), lse_bytes = size_t(kh) * c.q_rows * 4;
   const int64_t first = int64_t(H - kh) * len_o * D * int64_t(es());  // the lent heads are the last
-  NCCL_CHECK(ncclGroupStart());
-  for (Dev& d : devs) {
-    use(d);
-    if (tl) {
-      tl->comm_in[d.rank].push_back(make_event(true));
-      CUDA_CHECK(cudaEventRecord(tl->comm_in[d.rank].back(), d.comm));
-    }
+  group_transfer(tl, [&](Dev& d) {
     if (d.rank == lend_rank) {
       const int helper = 1 - lend_rank;
       for (const DeviceBuffer* src : {&d.q, &d.o, &d.dout})
@@ -103,19 +97,14 @@ void Ring::Impl::send_lend_inputs(Timeline* tl) {
       NCCL_CHECK(ncclSend(at(lse, int64_t(H - kh) * c.q_rows * 4), lse_bytes, ncclUint8, helper, d.nccl, d.comm));
     } else {
       for (int i = 0; i < 4; ++i)
-        NCCL_CHECK(ncclRecv(at(d.lend_in, i * int64_t(bytes)), i < 3 ? bytes : lse_bytes, ncclUint8, lend_rank, d.nccl,
-                            d.comm));
+        NCCL_CHECK(ncclRecv(at(d.lend_in, i * int64_t(bytes)), i < 3 ? bytes : lse_bytes, ncclUint8, lend_rank,
+                            d.nccl, d.comm));
     }
-    if (tl) tl->comm_bytes[d.rank].push_back(double(3 * bytes + lse_bytes));
-  }
-  NCCL_CHECK(ncclGroupEnd());
+    return double(3 * bytes + lse_bytes);  // the bytes that travel, on either side
+  });
   for (Dev& d : devs) {
     use(d);
     CUDA_CHECK(cudaEventRecord(d.lend_in_arrived, d.comm));
-    if (tl) {
-      tl->comm_out[d.rank].push_back(make_event(true));
-      CUDA_CHECK(cudaEventRecord(tl->comm_out[d.rank].back(), d.comm));
-    }
   }
 }
 
@@ -127,47 +116,31 @@ void Ring::Impl::compute_lent(Dev& h, Timeline* tl) {
   wait_for(h, h.compute, h.acc_arrived[0], tl);
   ring_fill(static_cast<float*>(h.lend_dq.get()), 0.f, int64_t(h.lend_dq.bytes() / 4), h.compute);
   const BwdParams p = lent_params(h);
-  if (tl) {
-    RingRecord::BlockSpan span;
-    span.step = 0, span.src = h.rank, span.lent = true, span.causal = p.causal;
-    span.q_rows = p.S_q, span.k_rows = p.S_k;
-    tl->blocks[h.rank].push_back(span);
-    tl->block_in[h.rank].push_back(make_event(true));
-    CUDA_CHECK(cudaEventRecord(tl->block_in[h.rank].back(), h.compute));
-  }
-  entry->bwd(p, h.ctx);
-  if (tl) {
-    tl->block_out[h.rank].push_back(make_event(true));
-    CUDA_CHECK(cudaEventRecord(tl->block_out[h.rank].back(), h.compute));
-  }
+  RingRecord::BlockSpan span;
+  span.step = 0, span.src = h.rank, span.lent = true, span.causal = p.causal;
+  span.q_rows = p.S_q, span.k_rows = p.S_k;
+  timed_block(h, h.compute, span, tl, [&] { entry->bwd(p, h.ctx); });
   CUDA_CHECK(cudaEventRecord(h.lend_done, h.compute));
 }
 
 // The lent heads' dQ (fp32, the kernel's layout) from the helper to the owner, after the lent block.
 void Ring::Impl::return_lent_dq(Timeline* tl) {
-  NCCL_CHECK(ncclGroupStart());
-  for (Dev& d : devs) {
-    use(d);
-    if (d.rank != lend_rank) CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.lend_done, 0));
-    if (tl) {
-      tl->comm_in[d.rank].push_back(make_event(true));
-      CUDA_CHECK(cudaEventRecord(tl->comm_in[d.rank].back(), d.comm));
+  for (Dev& d : devs)
+    if (d.rank != lend_rank) {
+      use(d);
+      CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.lend_done, 0));
     }
+  group_transfer(tl, [&](Dev& d) {
     const DeviceBuffer& buf = d.rank == lend_rank ? d.lend_dq_in : d.lend_dq;
     if (d.rank == lend_rank)
       NCCL_CHECK(ncclRecv(buf.get(), buf.bytes(), ncclUint8, 1 - lend_rank, d.nccl, d.comm));
     else
       NCCL_CHECK(ncclSend(buf.get(), buf.bytes(), ncclUint8, lend_rank, d.nccl, d.comm));
-    if (tl) tl->comm_bytes[d.rank].push_back(double(buf.bytes()));
-  }
-  NCCL_CHECK(ncclGroupEnd());
+    return double(buf.bytes());
+  });
   for (Dev& d : devs) {
     use(d);
     CUDA_CHECK(cudaEventRecord(d.lend_dq_arrived, d.comm));
-    if (tl) {
-      tl->comm_out[d.rank].push_back(make_event(true));
-      CUDA_CHECK(cudaEventRecord(tl->comm_out[d.rank].back(), d.comm));
-    }
   }
 }
 

@@ -20,35 +20,20 @@ using namespace ring_detail;
 template <class SendBuf, class RecvBuf, class Bytes>
 void Ring::Impl::ring_shift(int s, SendBuf send, RecvBuf recv, Bytes bytes_of, Timeline* tl,
                             std::unique_ptr<Window> Dev::*window) {
-  if (tl)
-    for (Dev& d : devs) {
-      use(d);
-      tl->comm_in[d.rank].push_back(make_event(true));
-      CUDA_CHECK(cudaEventRecord(tl->comm_in[d.rank].back(), d.comm));
-    }
-  NCCL_CHECK(ncclGroupStart());
-  for (Dev& d : devs) {
+  group_transfer(tl, [&](Dev& d) {
     if (copy_engine) {  // two GPUs: the slot of this rank to the other's window, by copy engine
       const Window& w = *(d.*window);
       if (send(d) != w.slot(d.rank) || recv(d) != w.slot(1 - d.rank))
         throw RuntimeError("ring: a copy-engine transfer between buffers that are not its window's slots");
       if (w.slot_bytes())
         NCCL_CHECK(ncclAllGather(w.slot(d.rank), w.mem.get(), w.slot_bytes(), ncclUint8, d.nccl, d.comm));
-      if (tl) tl->comm_bytes[d.rank].push_back(double(w.slot_bytes()));
-      continue;
+      return double(w.slot_bytes());
     }
     const size_t out = bytes_of(src_of(d.rank, s)), in = bytes_of(src_of(prev(d.rank), s));
     if (out) NCCL_CHECK(ncclSend(send(d), out, ncclUint8, next(d.rank), d.nccl, d.comm));
     if (in) NCCL_CHECK(ncclRecv(recv(d), in, ncclUint8, prev(d.rank), d.nccl, d.comm));
-    if (tl) tl->comm_bytes[d.rank].push_back(double(in));
-  }
-  NCCL_CHECK(ncclGroupEnd());
-  if (tl)
-    for (Dev& d : devs) {
-      use(d);
-      tl->comm_out[d.rank].push_back(make_event(true));
-      CUDA_CHECK(cudaEventRecord(tl->comm_out[d.rank].back(), d.comm));
-    }
+    return double(in);
+  });
 }
 
 // The K/V of step s into its buffer (each rank passes on what it used at step s - 1), once the
@@ -110,22 +95,15 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
     if (s >= 2 && uses_parts) CUDA_CHECK(cudaStreamWaitEvent(stream, d.merged[s - 2], 0));
     const RingCall& call = block_of(d, s).call;
     if (!call.skip) {
-      if (tl) {  // the block's span (RingRecord::block_spans)
-        RingRecord::BlockSpan span;
-        span.step = s, span.src = src_of(d.rank, s), span.side = stream == d.side, span.causal = call.causal;
-        span.q_rows = call.q_rows, span.k_rows = call.k_rows;
-        tl->blocks[d.rank].push_back(span);
-        tl->block_in[d.rank].push_back(make_event(true));
-        CUDA_CHECK(cudaEventRecord(tl->block_in[d.rank].back(), stream));
-      }
-      if (backward)
-        entry->bwd(block_bwd_params(d, s, s & 1), ctx);
-      else
-        entry->fwd(block_params(d, s, s & 1), ctx);
-      if (tl) {
-        tl->block_out[d.rank].push_back(make_event(true));
-        CUDA_CHECK(cudaEventRecord(tl->block_out[d.rank].back(), stream));
-      }
+      RingRecord::BlockSpan span;
+      span.step = s, span.src = src_of(d.rank, s), span.side = stream == d.side, span.causal = call.causal;
+      span.q_rows = call.q_rows, span.k_rows = call.k_rows;
+      timed_block(d, stream, span, tl, [&] {
+        if (backward)
+          entry->bwd(block_bwd_params(d, s, s & 1), ctx);
+        else
+          entry->fwd(block_params(d, s, s & 1), ctx);
+      });
     }
     CUDA_CHECK(cudaEventRecord(d.computed[s], stream));
     if (tl && side() && own_step(s)) CUDA_CHECK(cudaEventRecord(tl->own_end[d.rank], stream));
