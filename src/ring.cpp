@@ -194,7 +194,7 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     const HostArray k = shard_rows(in.k, dims().H_kv, d.shard), v = shard_rows(in.v, dims().H_kv, d.shard);
     const size_t slot = 2 * kv_elems(max_kv) * e;
     d.kv_window.reset();
-    if (copy_engine) {  // the own K/V in slot `rank`, the other's arrives in the other slot
+    if (copy_engine()) {  // the own K/V in slot `rank`, the other's arrives in the other slot
       d.kv_window = window(d, slot);
       d.kv_own = view(d.kv_window->slot(d.rank), slot);
       d.kv[0] = view(d.kv_window->slot(1 - d.rank), slot);
@@ -225,12 +225,12 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     d.dq_acc = DeviceBuffer(q_elems(dq_rows(len)) * 4);
     const size_t acc_slot = 2 * kv_elems(max_kv) * 4;
     d.acc_window.reset();
-    if (copy_engine) d.acc_window = window(d, acc_slot);
+    if (copy_engine()) d.acc_window = window(d, acc_slot);
     for (int i = 0; i < 2; ++i) {
       d.dq_part[i] = DeviceBuffer(dq_part_elems * e);
       d.dkv_part[i] = DeviceBuffer(2 * kv_elems(k_rows) * part_es);
       // copy_engine: the first step's accumulator (sent) in slot `rank`, the returning one in the other
-      d.acc[i] = copy_engine ? view(d.acc_window->slot(i == 0 ? d.rank : 1 - d.rank), acc_slot)
+      d.acc[i] = copy_engine() ? view(d.acc_window->slot(i == 0 ? d.rank : 1 - d.rank), acc_slot)
                              : transfer_buffer(d, acc_slot);
     }
     d.dq = DeviceBuffer(q_elems(len) * e);
@@ -428,7 +428,7 @@ bool Ring::side_stream() const { return impl_->side(); }
 bool Ring::side_after_first_shard() const { return impl_->side_gated; }  // implies side_bwd
 bool Ring::last_block_alone() const { return impl_->last_alone_fwd; }
 bool Ring::registered_buffers() const { return impl_->registered; }
-bool Ring::copy_engine() const { return impl_->copy_engine; }
+bool Ring::copy_engine() const { return impl_->copy_engine(); }
 int Ring::lend_rank() const { return impl_->lending() ? impl_->lend_rank : -1; }
 int Ring::lend_kv_heads() const { return impl_->lending() ? impl_->lend_kv : 0; }
 bool Ring::last_block_merges() const { return impl_->kernel_merge; }
@@ -470,11 +470,10 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
   s.side_bwd = s.backward && side && s.f32_grads && !deterministic;
   s.side_gated = s.side_bwd && s.dims().H != s.dims().H_kv;
   s.registered = env_switch("FLASHATTN_RING_REGISTER", NCCL_VERSION_CODE >= NCCL_VERSION(2, 19, 0));
-  s.copy_engine = s.ce_comms && s.registered;
   s.parse_lend();
   s.bytes_held = 0;
   for (Impl::Dev& d : s.devs) s.allocate(d, in);
-  if (s.copy_engine) s.register_windows();
+  if (s.copy_engine()) s.register_windows();
   if (!s.backward) return;
   // O and lse for the backward: the ring forward once (not timed).
   NvtxRange range("ring forward for O and lse");

@@ -208,7 +208,8 @@ struct Ring::Impl {
   // none, so the blocks keep every SM while the shards travel. ce_comms: the communicators were
   // created so (two GPUs, NCCL 2.28, FLASHATTN_RING_COPY_ENGINE not 0); copy_engine: this run
   // exchanges so (ce_comms and registered buffers).
-  bool ce_comms = false, copy_engine = false;
+  bool ce_comms = false;
+  bool copy_engine() const { return ce_comms && registered; }
   // Lending (two GPUs, backward; FLASHATTN_RING_LEND=R:K): rank R (the owner, a slower card) leaves
   // the last K kv heads of its other block (step 0: its queries against the other rank's K/V) to
   // the other rank (the helper), which holds those keys and values itself. The owner sends Q, O, dO

@@ -21,7 +21,7 @@ template <class SendBuf, class RecvBuf, class Bytes>
 void Ring::Impl::ring_shift(int s, SendBuf send, RecvBuf recv, Bytes bytes_of, Timeline* tl,
                             std::unique_ptr<Window> Dev::*window) {
   group_transfer(tl, [&](Dev& d) {
-    if (copy_engine) {  // two GPUs: the slot of this rank to the other's window, by copy engine
+    if (copy_engine()) {  // two GPUs: the slot of this rank to the other's window, by copy engine
       const Window& w = *(d.*window);
       if (send(d) != w.slot(d.rank) || recv(d) != w.slot(1 - d.rank))
         throw RuntimeError("ring: a copy-engine transfer between buffers that are not its window's slots");
