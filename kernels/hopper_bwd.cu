@@ -123,7 +123,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) backward_kernel(const __grid_
   // The warpgroup index broadcast from lane 0, so the compiler knows it is the same across a warp
   // (branches on it stay uniform).
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0);
-  Steps<Tr> st(a, blockIdx.x, blockIdx.y, blockIdx.z);
+  int n_block = blockIdx.x, kv_head = blockIdx.y, b = blockIdx.z;
+  if (a.n_kb > 0) {  // part of the work: tiles in (batch, kv head, key block) order
+    const int t = a.tile0 + static_cast<int>(blockIdx.x), bh = t / a.n_kb, h_kv = a.H / a.group;
+    n_block = t % a.n_kb, kv_head = bh % h_kv, b = bh / h_kv;
+  }
+  Steps<Tr> st(a, n_block, kv_head, b);
 
   if (tid == 0) {
     sm90::mbar_init(sm.full_kv(), 1);
@@ -311,7 +316,10 @@ void launch(const BwdParams& p, const LaunchContext& ctx) {
   // Key blocks of one kv head are adjacent in launch order (their CTAs share Q and dO in L2), block
   // 0 (under a causal mask the most Q blocks) first; the deterministic path relies on key block
   // j - 1 being launched before j.
-  const dim3 grid((p.S_k + Tr::kBlockN - 1) / Tr::kBlockN, p.H_kv, p.B);
+  // A part of the work (BwdParams::tiles_*) keeps that order on a one-dimensional grid.
+  const int n_kb = (p.S_k + Tr::kBlockN - 1) / Tr::kBlockN;
+  dim3 grid(n_kb, p.H_kv, p.B);
+  if (p.tiles_end > 0) a.n_kb = n_kb, a.tile0 = p.tiles_begin, grid = dim3(p.tiles_end - p.tiles_begin);
   kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, ctx.stream>>>(a);
   CHECK_LAUNCH("hopper_bwd backward_kernel");
 
@@ -350,6 +358,11 @@ bool has_own_variant(const BwdParams& p) {
   return OwnHeadDims::declares(p.D) && scale_ok && p.mask.ptr == nullptr;
 }
 
+// One CTA's keys, at every head dim of its own (Traits::kBlockN).
+constexpr int kKeyTile = 128;
+static_assert(TraitsFor<64>::type::kBlockN == kKeyTile && TraitsFor<128>::type::kBlockN == kKeyTile, "one key tile");
+int key_tile(const BwdParams& p) { return has_own_variant(p) ? kKeyTile : 0; }
+
 const KernelMode& mma_backward() {
   const KernelMode* mma = Registry::find("mma", Mode::Backward);
   if (mma == nullptr || mma->bwd == nullptr) throw RuntimeError("hopper backward: the mma fallback is not built");
@@ -368,6 +381,7 @@ void run(const BwdParams& p, const LaunchContext& ctx) {
   if (static_cast<int64_t>(p.B) * p.H * p.S_q == 0 || p.S_k == 0) return;
   if (!has_own_variant(p)) {
     if (p.grads_f32) throw RuntimeError("hopper backward: fp32 gradients need its own variant (fp32_gradients says)");
+    if (p.tiles_end != 0) throw RuntimeError("hopper backward: a tile range needs its own variant (key_tile says)");
     return mma_backward().bwd(p, ctx);  // as --list says
   }
   if (ctx.sm != 90)
@@ -382,6 +396,12 @@ void run(const BwdParams& p, const LaunchContext& ctx) {
                                 int64_t(p.dq_accum_row0) + p.S_q + kDqAccumSpare > p.dq_accum_rows))
     throw RuntimeError("hopper backward: dq_accum needs grads_f32, rows and a first row in multiples of " +
                        std::to_string(kDqAccumRows) + " and room for S_q + " + std::to_string(kDqAccumSpare) + " rows");
+  if (p.tiles_begin != 0 || p.tiles_end != 0) {
+    const int64_t tiles = int64_t(p.B) * p.H_kv * ((p.S_k + kKeyTile - 1) / kKeyTile);
+    if (p.tiles_begin < 0 || p.tiles_begin >= p.tiles_end || p.tiles_end > tiles)
+      throw RuntimeError("hopper backward: the tile range [" + std::to_string(p.tiles_begin) + ", " +
+                         std::to_string(p.tiles_end) + ") is not inside the " + std::to_string(tiles) + " key tiles");
+  }
   if (p.workspace == nullptr || p.workspace_bytes < Workspace(p).total())
     throw RuntimeError("hopper backward: workspace smaller than its workspace function asked for");
   switch (p.dtype) {
@@ -416,6 +436,7 @@ KernelMode make_entry() {
   m.bwd_workspace = &workspace_bytes;
   m.fp32_gradients = &has_own_variant;
   m.dq_finish = &dq_finish;
+  m.key_tile = &key_tile;
   return m;
 }
 

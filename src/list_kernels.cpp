@@ -59,6 +59,7 @@ std::string list_kernels(bool as_json) {
                      {"fp32_gradients", e->fp32_gradients != nullptr},
                      {"merges_output", e->merges_output != nullptr},
                      {"dq_accumulator", e->dq_finish != nullptr},
+                     {"key_tiles", e->key_tile != nullptr},
                      {"compiled_archs", e->compiled_archs}});
     }
     return arr.dump(2) + "\n";

@@ -99,6 +99,12 @@ struct BwdParams : FwdParams {
   // entry's dq_finish writes the sum out.
   float* dq_accum = nullptr;
   int dq_accum_rows = 0, dq_accum_row0 = 0;
+  // A part of the work (a ring lending part of a block to another GPU; only for a kernel whose
+  // entry's key_tile is non-zero for these params): the key tiles [tiles_begin, tiles_end) of the
+  // (batch, kv head, key tile) order, key_tile(p) keys per tile (the last of each (batch, kv head)
+  // may be short). dK and dV are written for those keys only; dQ gets their terms only. Both 0:
+  // all the work.
+  int tiles_begin = 0, tiles_end = 0;
 };
 
 constexpr int kDqAccumRows = 16;    // rows of a layout group of the dQ accumulator

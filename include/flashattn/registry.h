@@ -90,6 +90,9 @@ struct KernelMode {
   // over p.dq_accum_rows rows per (batch, head) -> p.dq (p.dtype at p.dq_st, scaled by p.scale),
   // rows below p.S_q, on ctx.stream. Null: not offered.
   BwdFn dq_finish = nullptr;
+  // Keys per tile of BwdParams::tiles_begin/tiles_end for these params (null or 0: the backward
+  // takes no part of the work): a ring lends that many keys of a kv head at a time.
+  int (*key_tile)(const BwdParams&) = nullptr;
   // Head dims (within head_dims) the kernel hands to another registered kernel, which --list and
   // the run's notes name: the kernel has no variant of its own for them.
   std::vector<int> fallback_head_dims;

@@ -114,6 +114,10 @@ struct Args {
   // [B, H_kv] (zeroed by the launch, null under --deterministic and at D64): where the CTAs of a
   // (batch, kv head) are, r·65536 + Q block, published by the producers; a CTA starts there.
   int* phase = nullptr;
+  // BwdParams::tiles_*: CTA x takes tile tile0 + x of the (batch, kv head, key block) order, n_kb
+  // key blocks per (batch, kv head), on a one-dimensional grid; n_kb = 0: the (key block, kv head,
+  // batch) grid.
+  int n_kb = 0, tile0 = 0;
   // BwdParams::grads_f32: dK and dV stored by the consumers in fp32 at these strides (floats),
   // keys below S_k (no TMA, no rounding); null otherwise.
   float* dk_f32 = nullptr;
@@ -255,7 +259,11 @@ __device__ __forceinline__ void write_dq(const Args& a, const Smem<Tr>& sm, cons
     if (sem != nullptr) {
       // Key blocks that add into Q block mi, in order: this CTA's rank among them.
       const int m0 = mi * Tr::kBlockM, m_last = min(m0 + Tr::kBlockM, a.S_q) - 1;
-      const int rank = n_block - key_blocks<Tr::kBlockN>(a.vis, m0, m_last, st.seqlen_k).begin;
+      // A launch of part of the work (Args::n_kb) takes a (batch, kv head)'s key blocks from its
+      // first tile's on: the earlier ones add elsewhere (another launch, another buffer).
+      const int bh = st.b * (a.H / a.group) + st.kv_head;
+      const int first = a.n_kb > 0 && bh == a.tile0 / a.n_kb ? a.tile0 % a.n_kb : 0;
+      const int rank = n_block - max(key_blocks<Tr::kBlockN>(a.vis, m0, m_last, st.seqlen_k).begin, first);
       // The previous key block's CTA was launched before this one (grid order), so it runs or has
       // run; a wait this long means it never will: fail loudly instead of hanging.
       long long spins = 0;
