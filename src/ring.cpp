@@ -55,7 +55,7 @@ bool Ring::last_block_alone() const { return false; }
 bool Ring::registered_buffers() const { return false; }
 bool Ring::copy_engine() const { return false; }
 int Ring::lend_rank() const { return -1; }
-int Ring::lend_kv_heads() const { return 0; }
+double Ring::lend_kv_heads() const { return 0; }
 bool Ring::last_block_merges() const { return false; }
 Ring::~Ring() = default;
 int Ring::size() const { return 0; }
@@ -430,7 +430,7 @@ bool Ring::last_block_alone() const { return impl_->last_alone_fwd; }
 bool Ring::registered_buffers() const { return impl_->registered; }
 bool Ring::copy_engine() const { return impl_->copy_engine(); }
 int Ring::lend_rank() const { return impl_->lending() ? impl_->lend_rank : -1; }
-int Ring::lend_kv_heads() const { return impl_->lending() ? impl_->lend_kv : 0; }
+double Ring::lend_kv_heads() const { return impl_->lending() ? impl_->lend_kv_share() : 0; }
 bool Ring::last_block_merges() const { return impl_->kernel_merge; }
 const std::vector<int>& Ring::devices() const { return impl_->ids; }
 
@@ -578,10 +578,15 @@ std::vector<double> Ring::flops_per_device() const {
     p.has_padding = false;
     return s.backward ? backward_flops(p, nullptr) : forward_flops(p, nullptr);
   };
-  // Lending moves the lent heads' share of the owner's other block to the helper.
-  const double lent = s.lending() ? flops(ring_call(s.dims().S_q, 2, s.lend_rank, 1 - s.lend_rank, s.prob.causal)) *
-                                        s.lend_heads() / s.dims().H
-                                  : 0.0;
+  // Lending moves the lent tiles' share of the owner's other block (no mask: its keys') to the helper.
+  double lent = 0.0;
+  if (s.lending()) {
+    const RingCall c = ring_call(s.dims().S_q, 2, s.lend_rank, 1 - s.lend_rank, s.prob.causal);
+    int64_t keys = 0;  // the last tile of a kv head may be short
+    for (int t = s.lend_first(); t < s.dims().H_kv * s.lend_nkb; ++t)
+      keys += std::min(s.lend_tile, c.k_rows - (t % s.lend_nkb) * s.lend_tile);
+    lent = flops(c) * double(keys) / (double(s.dims().H_kv) * c.k_rows);
+  }
   std::vector<double> f;
   for (const Impl::Dev& d : s.devs) {
     double sum = d.rank == s.lend_rank ? -lent : lent;

@@ -89,9 +89,10 @@ class Ring {
   // After prepare: whether two GPUs exchange by NCCL's copy engines, no SM taken (ring_impl.h).
   bool copy_engine() const;
   // After prepare: the rank that lends kv heads of its other block to the other GPU (-1: none),
-  // and how many (two GPUs, backward, FLASHATTN_RING_LEND; ring_impl.h).
+  // and how many kv heads' worth (key tiles: may be a fraction; two GPUs, backward,
+  // FLASHATTN_RING_LEND; ring_impl.h).
   int lend_rank() const;
-  int lend_kv_heads() const;
+  double lend_kv_heads() const;
 
   // Uploads the shards of `in` (host inputs in the problem's layout) for kernel `e` (its forward
   // or backward entry) and allocates every buffer; a backward also runs the ring forward once

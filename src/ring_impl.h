@@ -211,16 +211,26 @@ struct Ring::Impl {
   bool ce_comms = false;
   bool copy_engine() const { return ce_comms && registered; }
   // Lending (two GPUs, backward; FLASHATTN_RING_LEND=R:K): rank R (the owner, a slower card) leaves
-  // the last K kv heads of its other block (step 0: its queries against the other rank's K/V) to
-  // the other rank (the helper), which holds those keys and values itself. The owner sends Q, O, dO
-  // and lse of those heads at the start; the helper computes them after its own step-0 block, once
-  // the owner's dK/dV accumulator has arrived, storing their dK/dV into it (the owner left those
-  // rows unwritten) and their dQ into a buffer of its own that goes back to the owner, who adds it
-  // into its dQ accumulator before the last pass. Each kv head lent moves 1 / (2 H_kv) of a GPU's
-  // work from the owner to the helper. ring_lend.cpp.
-  int lend_rank = -1, lend_kv = 0;
+  // the last K kv heads' worth of its other block (step 0: its queries against the other rank's
+  // K/V) to the other rank (the helper), which holds those keys and values itself. K need not be
+  // whole: the kernel's key tiles (registry.h's key_tile; BwdParams::tiles_*) are the unit, the
+  // last lend_tiles of the block's (kv head, key tile) order, so the first kv head touched may be
+  // shared. The owner sends Q, O, dO and lse of the lend_kv kv heads touched at the start; the
+  // helper computes its tiles after its own step-0 block, once the owner's dK/dV accumulator has
+  // arrived, storing their dK/dV into it (the owner left those keys unwritten) and their dQ into a
+  // buffer of its own that goes back to the owner, who adds it into its dQ accumulator before the
+  // last pass (in a shared kv head, both GPUs' dQ terms). Each kv head lent moves 1 / (2 H_kv) of a
+  // GPU's work from the owner to the helper. ring_lend.cpp.
+  int lend_rank = -1;
+  int lend_tiles = 0;  // key tiles lent: the last ones of the owner's other block
+  int lend_tile = 0;   // keys per tile (the kernel's key_tile, or the block's keys)
+  int lend_nkb = 0;    // key tiles per kv head of that block
+  int lend_kv = 0;     // kv heads the lent tiles touch (the last ones)
   bool lending() const { return backward && lend_rank >= 0; }
   int lend_heads() const { return lend_kv * (dims().H / dims().H_kv); }
+  int lend_first() const { return dims().H_kv * lend_nkb - lend_tiles; }  // the first lent tile
+  double lend_kv_share() const { return double(lend_tiles) / lend_nkb; }  // kv heads' worth lent
+  void lend_trim_owner(BwdParams* p) const;  // the owner's other block: the tiles before the lent ones
   std::unique_ptr<ring_detail::Window> window(const Dev& d, size_t slot_bytes) const;
   void register_windows();
   cudaEvent_t start = nullptr;  // on rank 0
@@ -309,7 +319,7 @@ struct Ring::Impl {
         p.dq_accum_row0 = block_of(d, s).call.q_row0;
       }
     }
-    if (lending() && d.rank == lend_rank && !own_step(s)) p.H -= lend_heads(), p.H_kv -= lend_kv;  // the first heads
+    if (lending() && d.rank == lend_rank && !own_step(s)) lend_trim_owner(&p);
     return p;
   }
 

@@ -1,7 +1,9 @@
 // Lending (ring_impl.h's lend_rank): on two GPUs, the slower card's other block gives its last
-// kv heads to the faster one, which holds their keys and values already. Only with NCCL.
+// key tiles (whole kv heads, or a part of one) to the faster one, which holds their keys and
+// values already. Only with NCCL.
 #ifdef FLASHATTN_HAVE_NCCL
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -14,25 +16,44 @@ namespace flashattn {
 using namespace ring_detail;
 
 void Ring::Impl::parse_lend() {
-  lend_rank = -1, lend_kv = 0;
+  lend_rank = -1, lend_tiles = lend_tile = lend_nkb = lend_kv = 0;
   const char* v = std::getenv("FLASHATTN_RING_LEND");
   if (v == nullptr || *v == '\0' || !backward) return;
   const std::string text = v;
   auto refuse = [&](const std::string& why) { throw InputError("FLASHATTN_RING_LEND=" + text + ": " + why); };
-  int rank = -1, kv = 0;
+  int rank = -1;
+  double kv = 0;
   char tail = 0;
-  if (std::sscanf(v, "%d:%d%c", &rank, &kv, &tail) != 2) refuse("expected RANK:KV_HEADS (rank 0 or 1 lends that many kv heads)");
+  if (std::sscanf(v, "%d:%lf%c", &rank, &kv, &tail) != 2 || !std::isfinite(kv))
+    refuse("expected RANK:KV_HEADS (rank 0 or 1 lends that many kv heads' worth, e.g. 1:2 or 1:0.25)");
   if (n() != 2) refuse("lending is for a ring of two GPUs");
   if (rank != 0 && rank != 1) refuse("the lending rank is 0 or 1");
-  if (kv < 1 || kv >= dims().H_kv)
-    refuse("the kv heads lent are 1 to H_kv - 1 = " + std::to_string(dims().H_kv - 1));
   if (dims().B != 1) refuse("lending needs B = 1 (the lent heads' rows are one range per tensor)");
   if (prob.has_padding) refuse("lending does not carry key padding");
   if (!f32_grads || !dq_accum)
     refuse("lending needs a kernel that keeps fp32 gradients and offers its dQ accumulator (hopper)");
   const RingCall c = ring_call(dims().S_q, n(), rank, 1 - rank, prob.causal);
   if (c.skip) refuse("the lending rank's other block is empty");
-  lend_rank = rank, lend_kv = kv;
+  if (c.causal) refuse("the lending rank's other block is under the causal mask");  // never on two GPUs
+  // The unit: the kernel's key tile where it takes part of its work, else a whole kv head.
+  const int tile = entry->key_tile != nullptr ? entry->key_tile(ring_block_bwd(prob, 1, 1, RingCall{}, {})) : 0;
+  const int nkb = tile > 0 ? (c.k_rows + tile - 1) / tile : 1;
+  const int total = dims().H_kv * nkb, tiles = static_cast<int>(std::lround(kv * nkb));
+  if (tiles < 1 || tiles >= total || std::abs(tiles - kv * nkb) > 1e-6)
+    refuse("the kv heads' worth lent is a multiple of 1/" + std::to_string(nkb) + " (" +
+           (tile > 0 ? std::to_string(tile) + "-key tiles of the block's " + std::to_string(c.k_rows) + " keys"
+                     : std::string("this kernel lends whole kv heads")) +
+           ") from 1/" + std::to_string(nkb) + " to H_kv - 1/" + std::to_string(nkb));
+  lend_rank = rank, lend_tile = tile > 0 ? tile : c.k_rows, lend_nkb = nkb, lend_tiles = tiles;
+  lend_kv = dims().H_kv - lend_first() / nkb;
+}
+
+// The owner's other block keeps the tiles before the first lent one: its first kv heads, the last
+// of them in part.
+void Ring::Impl::lend_trim_owner(BwdParams* p) const {
+  const int first = lend_first(), kv = (first + lend_nkb - 1) / lend_nkb;
+  p->H_kv = kv, p->H = kv * (dims().H / dims().H_kv);
+  if (first % lend_nkb != 0) p->tiles_begin = 0, p->tiles_end = first;
 }
 
 // The owner's block that the helper takes part of: the owner's queries against the helper's K/V.
@@ -77,6 +98,9 @@ BwdParams Ring::Impl::lent_params(const Dev& h) const {
   p.dq_accum_rows = dq_rows(len_o);
   p.dq_accum_row0 = c.q_row0;
   p.H = kh, p.H_kv = lend_kv;
+  // A shared first kv head: the helper takes its tiles from the first lent one.
+  const int skip = lend_first() % lend_nkb;
+  if (skip != 0) p.tiles_begin = skip, p.tiles_end = lend_kv * lend_nkb;
   p.num_sms = h.ctx.sm_count;
   p.deterministic = deterministic;
   return p;

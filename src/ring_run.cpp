@@ -125,8 +125,11 @@ std::string ring_note(const RingRecord& g, double median_ms) {
   if (g.last_block_alone) how += g.last_block_merges ? ", last block alone, merging in its kernel" : ", last block alone";
   if (!g.registered_buffers) how += ", unregistered buffers";
   if (g.copy_engine) how += ", copy-engine transfers";
-  if (g.lend_rank >= 0)
-    how += ", rank " + std::to_string(g.lend_rank) + " lending " + std::to_string(g.lend_kv_heads) + " kv heads";
+  if (g.lend_rank >= 0) {
+    char lent[64];
+    std::snprintf(lent, sizeof lent, ", rank %d lending %g kv heads", g.lend_rank, g.lend_kv_heads);
+    how += lent;
+  }
   char buf[400];
   std::string who = "ring over GPUs " + ids;
   if (g.rank >= 0) who = "ring of " + std::to_string(g.size) + " processes (rank " + std::to_string(g.rank) + " on GPU " + ids + ")";

@@ -85,8 +85,9 @@ struct RingRecord {
   // ... and, on two GPUs, by NCCL's copy engines, taking no SM from the blocks (ring_impl.h).
   bool copy_engine = false;
   // The backward's lending: the rank whose other block left kv heads to the other GPU (-1: none)
-  // and how many (FLASHATTN_RING_LEND; ring_impl.h).
-  int lend_rank = -1, lend_kv_heads = 0;
+  // and how many kv heads' worth (FLASHATTN_RING_LEND; ring_impl.h).
+  int lend_rank = -1;
+  double lend_kv_heads = 0;
   // One profiled repetition after the timed ones (events on every stream): its length, and per
   // GPU the time its compute stream waited for a transfer; the largest of those is the
   // communication the compute did not hide.
