@@ -197,7 +197,12 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
                  {"last_block_merges", g.last_block_merges},
                  {"registered_buffers", g.registered_buffers},
                  {"copy_engine", g.copy_engine},
-                 {"lend", g.lend_rank >= 0 ? json{{"rank", g.lend_rank}, {"kv_heads", g.lend_kv_heads}} : json(nullptr)},
+                 {"lend", g.lend_rank >= 0 || g.lend_auto
+                              ? json{{"rank", g.lend_rank >= 0 ? json(g.lend_rank) : json(nullptr)},
+                                     {"kv_heads", g.lend_kv_heads},
+                                     {"auto", g.lend_auto},
+                                     {"lag_ms", g.lend_auto ? num(g.lend_lag_ms) : json(nullptr)}}
+                              : json(nullptr)},
                  {"per_gpu", per_gpu},
                  {"profiled_ms", num(g.profiled_ms)},
                  {"exposed_comm_ms", num(g.exposed_comm_ms)},

@@ -56,6 +56,8 @@ bool Ring::registered_buffers() const { return false; }
 bool Ring::copy_engine() const { return false; }
 int Ring::lend_rank() const { return -1; }
 double Ring::lend_kv_heads() const { return 0; }
+bool Ring::lend_auto() const { return false; }
+double Ring::lend_lag_ms() const { return 0; }
 bool Ring::last_block_merges() const { return false; }
 Ring::~Ring() = default;
 int Ring::size() const { return 0; }
@@ -431,6 +433,8 @@ bool Ring::registered_buffers() const { return impl_->registered; }
 bool Ring::copy_engine() const { return impl_->copy_engine(); }
 int Ring::lend_rank() const { return impl_->lending() ? impl_->lend_rank : -1; }
 double Ring::lend_kv_heads() const { return impl_->lending() ? impl_->lend_kv_share() : 0; }
+bool Ring::lend_auto() const { return impl_->lend_auto; }
+double Ring::lend_lag_ms() const { return impl_->lend_lag_ms; }
 bool Ring::last_block_merges() const { return impl_->kernel_merge; }
 const std::vector<int>& Ring::devices() const { return impl_->ids; }
 
@@ -493,6 +497,14 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
   }
   CUDA_CHECK(cudaSetDevice(s.devs[0].id));
   CUDA_CHECK(cudaStreamSynchronize(s.devs[0].compute));
+  if (s.lend_auto) {  // the lender from three profiled repetitions without lending, after one more
+    NvtxRange calibrate("ring lending: calibration");
+    s.enqueue(s.devs[0].compute, true, nullptr);
+    std::vector<RingProfile> runs;
+    for (int i = 0; i < 3; ++i) runs.push_back(profile(s.devs[0].compute));
+    s.choose_lend(runs);
+    CUDA_CHECK(cudaSetDevice(s.devs[0].id));
+  }
 }
 
 void Ring::poison_outputs() {
@@ -568,16 +580,18 @@ KernelOutputs Ring::gather() const {
   return out;
 }
 
+double Ring::Impl::block_flops(const RingCall& c) const {
+  if (c.skip) return 0.0;
+  Problem p = prob;
+  p.dims.S_q = c.q_rows, p.dims.S_k = c.k_rows;
+  p.causal = c.causal;
+  p.has_padding = false;
+  return backward ? backward_flops(p, nullptr) : forward_flops(p, nullptr);
+}
+
 std::vector<double> Ring::flops_per_device() const {
   const Impl& s = *impl_;
-  auto flops = [&](const RingCall& c) {
-    if (c.skip) return 0.0;
-    Problem p = s.prob;
-    p.dims.S_q = c.q_rows, p.dims.S_k = c.k_rows;
-    p.causal = c.causal;
-    p.has_padding = false;
-    return s.backward ? backward_flops(p, nullptr) : forward_flops(p, nullptr);
-  };
+  auto flops = [&](const RingCall& c) { return s.block_flops(c); };
   // Lending moves the lent tiles' share of the owner's other block (no mask: its keys') to the helper.
   double lent = 0.0;
   if (s.lending()) {

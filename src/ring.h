@@ -93,6 +93,10 @@ class Ring {
   // FLASHATTN_RING_LEND; ring_impl.h).
   int lend_rank() const;
   double lend_kv_heads() const;
+  // After prepare: whether the lending was chosen from a measured lag (FLASHATTN_RING_LEND=auto;
+  // lend_rank() says what it chose, -1 for none), and that lag in ms (the GPUs' blocks' ends).
+  bool lend_auto() const;
+  double lend_lag_ms() const;
 
   // Uploads the shards of `in` (host inputs in the problem's layout) for kernel `e` (its forward
   // or backward entry) and allocates every buffer; a backward also runs the ring forward once

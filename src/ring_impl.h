@@ -221,6 +221,11 @@ struct Ring::Impl {
   // buffer of its own that goes back to the owner, who adds it into its dQ accumulator before the
   // last pass (in a shared kv head, both GPUs' dQ terms). Each kv head lent moves 1 / (2 H_kv) of a
   // GPU's work from the owner to the helper. ring_lend.cpp.
+  // FLASHATTN_RING_LEND=auto (one process): after the forward for O and lse, three profiled
+  // repetitions without lending measure each GPU's blocks' end; the slower lends the tiles
+  // ring_lend_tiles gives for the median lag (none where that rounds to 0). lend_lag_ms: that lag.
+  bool lend_auto = false;
+  double lend_lag_ms = 0;
   int lend_rank = -1;
   int lend_tiles = 0;  // key tiles lent: the last ones of the owner's other block
   int lend_tile = 0;   // keys per tile (the kernel's key_tile, or the block's keys)
@@ -231,6 +236,12 @@ struct Ring::Impl {
   int lend_first() const { return dims().H_kv * lend_nkb - lend_tiles; }  // the first lent tile
   double lend_kv_share() const { return double(lend_tiles) / lend_nkb; }  // kv heads' worth lent
   void lend_trim_owner(BwdParams* p) const;  // the owner's other block: the tiles before the lent ones
+  void lend_unit(int rank, int* tile, int* nkb) const;  // keys per tile, tiles per kv head of rank's other block
+  void set_lend(int rank, int tiles);                   // lend_* from the lending rank and its tiles
+  // After the forward, from profiled repetitions without lending: the lender and its tiles, and
+  // their buffers (auto).
+  void choose_lend(const std::vector<RingProfile>& runs);
+  double block_flops(const RingCall& c) const;  // a block's attention FLOPs, the problem's counting
   std::unique_ptr<ring_detail::Window> window(const Dev& d, size_t slot_bytes) const;
   void register_windows();
   cudaEvent_t start = nullptr;  // on rank 0

@@ -3,10 +3,12 @@
 // values already. Only with NCCL.
 #ifdef FLASHATTN_HAVE_NCCL
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "flashattn/ring_ops.h"
 #include "ring_impl.h"
@@ -16,6 +18,7 @@ namespace flashattn {
 using namespace ring_detail;
 
 void Ring::Impl::parse_lend() {
+  lend_auto = false, lend_lag_ms = 0;
   lend_rank = -1, lend_tiles = lend_tile = lend_nkb = lend_kv = 0;
   const char* v = std::getenv("FLASHATTN_RING_LEND");
   if (v == nullptr || *v == '\0' || !backward) return;
@@ -24,28 +27,82 @@ void Ring::Impl::parse_lend() {
   int rank = -1;
   double kv = 0;
   char tail = 0;
-  if (std::sscanf(v, "%d:%lf%c", &rank, &kv, &tail) != 2 || !std::isfinite(kv))
-    refuse("expected RANK:KV_HEADS (rank 0 or 1 lends that many kv heads' worth, e.g. 1:2 or 1:0.25)");
+  const bool automatic = text == "auto";
+  if (!automatic && (std::sscanf(v, "%d:%lf%c", &rank, &kv, &tail) != 2 || !std::isfinite(kv)))
+    refuse("expected RANK:KV_HEADS (rank 0 or 1 lends that many kv heads' worth, e.g. 1:2 or 1:0.25) or auto");
   if (n() != 2) refuse("lending is for a ring of two GPUs");
-  if (rank != 0 && rank != 1) refuse("the lending rank is 0 or 1");
+  if (!automatic && rank != 0 && rank != 1) refuse("the lending rank is 0 or 1");
   if (dims().B != 1) refuse("lending needs B = 1 (the lent heads' rows are one range per tensor)");
   if (prob.has_padding) refuse("lending does not carry key padding");
   if (!f32_grads || !dq_accum)
     refuse("lending needs a kernel that keeps fp32 gradients and offers its dQ accumulator (hopper)");
-  const RingCall c = ring_call(dims().S_q, n(), rank, 1 - rank, prob.causal);
-  if (c.skip) refuse("the lending rank's other block is empty");
-  if (c.causal) refuse("the lending rank's other block is under the causal mask");  // never on two GPUs
-  // The unit: the kernel's key tile where it takes part of its work, else a whole kv head.
-  const int tile = entry->key_tile != nullptr ? entry->key_tile(ring_block_bwd(prob, 1, 1, RingCall{}, {})) : 0;
-  const int nkb = tile > 0 ? (c.k_rows + tile - 1) / tile : 1;
+  if (automatic && multi) refuse("auto compares both GPUs' timelines, which one process of a ring does not see");
+  for (int r = 0; r < 2; ++r) {
+    if (!automatic && r != rank) continue;
+    const RingCall c = ring_call(dims().S_q, n(), r, 1 - r, prob.causal);
+    if (c.skip) refuse("rank " + std::to_string(r) + "'s other block is empty");
+    if (c.causal) refuse("rank " + std::to_string(r) + "'s other block is under the causal mask");  // never on two GPUs
+  }
+  if (automatic) {
+    lend_auto = true;
+    return;
+  }
+  int tile = 0, nkb = 0;
+  lend_unit(rank, &tile, &nkb);
   const int total = dims().H_kv * nkb, tiles = static_cast<int>(std::lround(kv * nkb));
   if (tiles < 1 || tiles >= total || std::abs(tiles - kv * nkb) > 1e-6)
     refuse("the kv heads' worth lent is a multiple of 1/" + std::to_string(nkb) + " (" +
-           (tile > 0 ? std::to_string(tile) + "-key tiles of the block's " + std::to_string(c.k_rows) + " keys"
-                     : std::string("this kernel lends whole kv heads")) +
+           (tile > 0 ? std::to_string(tile) + "-key tiles of the block's keys" : std::string("whole kv heads")) +
            ") from 1/" + std::to_string(nkb) + " to H_kv - 1/" + std::to_string(nkb));
-  lend_rank = rank, lend_tile = tile > 0 ? tile : c.k_rows, lend_nkb = nkb, lend_tiles = tiles;
+  set_lend(rank, tiles);
+}
+
+// The unit: the kernel's key tile where it takes part of its work (0 if not: whole kv heads).
+void Ring::Impl::lend_unit(int rank, int* tile, int* nkb) const {
+  const RingCall c = ring_call(dims().S_q, 2, rank, 1 - rank, prob.causal);
+  *tile = entry->key_tile != nullptr ? entry->key_tile(ring_block_bwd(prob, 1, 1, RingCall{}, {})) : 0;
+  *nkb = *tile > 0 ? (c.k_rows + *tile - 1) / *tile : 1;
+}
+
+void Ring::Impl::set_lend(int rank, int tiles) {
+  int tile = 0, nkb = 0;
+  lend_unit(rank, &tile, &nkb);
+  lend_rank = rank, lend_tile = tile > 0 ? tile : ring_call(dims().S_q, 2, rank, 1 - rank, prob.causal).k_rows;
+  lend_nkb = nkb, lend_tiles = tiles;
   lend_kv = dims().H_kv - lend_first() / nkb;
+}
+
+void Ring::Impl::choose_lend(const std::vector<RingProfile>& runs) {
+  auto median = [&](int rank) {
+    std::vector<double> v;
+    for (const RingProfile& p : runs) v.push_back(p.blocks_ms.at(rank));
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double end0 = median(0), end1 = median(1);
+  const int slow = end1 > end0 ? 1 : 0;
+  lend_lag_ms = std::abs(end1 - end0);
+  // One tile's share of the slower GPU's blocks time: its other block's FLOPs over all of its.
+  double total_flops = 0;
+  for (int src = 0; src < 2; ++src) total_flops += block_flops(ring_call(dims().S_q, 2, slow, src, prob.causal));
+  const double other = block_flops(ring_call(dims().S_q, 2, slow, 1 - slow, prob.causal));
+  int tile = 0, nkb = 0;
+  lend_unit(slow, &tile, &nkb);
+  const int total = dims().H_kv * nkb;
+  const double tile_ms = total_flops > 0 ? std::max(end0, end1) * other / total_flops / total : 0.0;
+  const int tiles = ring_lend_tiles(lend_lag_ms, tile_ms, total - 1);
+  if (tiles == 0) return;
+  set_lend(slow, tiles);
+  for (Dev& d : devs) {
+    allocate_lend(d);
+    if (d.rank == lend_rank || !entry->bwd_workspace) continue;
+    const size_t need = entry->bwd_workspace(lent_params(d));  // the lent block, on the compute stream
+    if (need <= d.ws_bytes) continue;
+    use(d);
+    d.ws_bytes = need;
+    d.ws = DeviceBuffer(need);
+    CUDA_CHECK(cudaMemset(d.ws.get(), 0xFF, need));  // undefined to the kernel
+  }
 }
 
 // The owner's other block keeps the tiles before the first lent one: its first kv heads, the last

@@ -86,4 +86,17 @@ inline int ring_local_seqlen(const RingShard& kv, int k_row0, int k_rows, int L)
   return n;
 }
 
+// Lending chosen from a measured lag (FLASHATTN_RING_LEND=auto; src/ring_impl.h): the key tiles a
+// slower GPU lends so that two GPUs' blocks end together. tile_ms is one tile's share of the
+// lender's blocks time; a tile lent takes kRingLendSpread times that off the difference (the
+// lender ends 1.3 tiles' time earlier, the helper 1.6 later: the lent block shares the helper's
+// SMs with its own block, and the transfers cost; docs/PERF.md, ring steps 22 and 24). Rounded
+// to the nearest tile, at most max_tiles; 0 for no lag.
+constexpr double kRingLendSpread = 2.9;
+inline int ring_lend_tiles(double lag_ms, double tile_ms, int max_tiles) {
+  if (!(lag_ms > 0) || !(tile_ms > 0) || max_tiles < 1) return 0;
+  const double tiles = lag_ms / (kRingLendSpread * tile_ms) + 0.5;
+  return tiles >= max_tiles ? max_tiles : static_cast<int>(tiles);
+}
+
 }  // namespace flashattn

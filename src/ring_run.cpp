@@ -125,10 +125,17 @@ std::string ring_note(const RingRecord& g, double median_ms) {
   if (g.last_block_alone) how += g.last_block_merges ? ", last block alone, merging in its kernel" : ", last block alone";
   if (!g.registered_buffers) how += ", unregistered buffers";
   if (g.copy_engine) how += ", copy-engine transfers";
-  if (g.lend_rank >= 0) {
-    char lent[64];
-    std::snprintf(lent, sizeof lent, ", rank %d lending %g kv heads", g.lend_rank, g.lend_kv_heads);
+  if (g.lend_rank >= 0 || g.lend_auto) {
+    char lent[128];
+    if (g.lend_rank >= 0)
+      std::snprintf(lent, sizeof lent, ", rank %d lending %g kv heads", g.lend_rank, g.lend_kv_heads);
+    else
+      std::snprintf(lent, sizeof lent, ", no lending");
     how += lent;
+    if (g.lend_auto) {
+      std::snprintf(lent, sizeof lent, " (auto: blocks ended %.3f ms apart)", g.lend_lag_ms);
+      how += lent;
+    }
   }
   char buf[400];
   std::string who = "ring over GPUs " + ids;

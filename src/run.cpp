@@ -394,6 +394,8 @@ struct Session::Impl {
     info->copy_engine = ring->copy_engine();
     info->lend_rank = ring->lend_rank();
     info->lend_kv_heads = ring->lend_kv_heads();
+    info->lend_auto = ring->lend_auto();
+    info->lend_lag_ms = ring->lend_lag_ms();
     info->last_block_merges = ring->last_block_merges();
     if (e.mode == Mode::Backward) info->gradients = ring->fp32_gradients() ? "fp32" : "partial";
     if (opt.ring_process.size > 1) info->rank = opt.ring_process.rank;

@@ -88,6 +88,9 @@ struct RingRecord {
   // and how many kv heads' worth (FLASHATTN_RING_LEND; ring_impl.h).
   int lend_rank = -1;
   double lend_kv_heads = 0;
+  // ... chosen from the lag measured before the run (FLASHATTN_RING_LEND=auto), that lag in ms.
+  bool lend_auto = false;
+  double lend_lag_ms = 0;
   // One profiled repetition after the timed ones (events on every stream): its length, and per
   // GPU the time its compute stream waited for a transfer; the largest of those is the
   // communication the compute did not hide.

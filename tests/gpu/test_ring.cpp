@@ -65,6 +65,8 @@ const RingShape kShapes[] = {
     {1, 8, 4, 1024, true, false, false, false, false, false, false, "lend_0_3_gqa8_4_s1024_causal", "0:3"},
     {1, 4, 4, 1024, true, false, false, false, false, false, false, "lend_1_half_s1024_causal", "1:0.5"},
     {1, 8, 4, 1024, false, false, false, false, false, false, false, "lend_0_1_5_gqa8_4_s1024", "0:1.5"},
+    // The lender and its tiles from the measured lag (any choice, none included, must hold).
+    {1, 4, 4, 1024, true, false, false, false, false, false, false, "lend_auto_s1024_causal", "auto"},
 };
 
 struct RingCase {
@@ -128,7 +130,8 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     const bool can_lend = c.entry->mode == Mode::Backward && c.entry->dq_finish != nullptr &&
                           c.entry->fp32_gradients != nullptr && c.entry->fp32_gradients(ring_block_bwd(p, 1, 1, RingCall{}, {}));
     if (s.lend && !can_lend) continue;
-    const bool whole_heads = s.lend == nullptr || std::string(s.lend).find('.') == std::string::npos;
+    const bool automatic = s.lend != nullptr && std::string(s.lend) == "auto";
+    const bool whole_heads = s.lend == nullptr || (!automatic && std::string(s.lend).find('.') == std::string::npos);
     if (!whole_heads && (c.entry->key_tile == nullptr || c.entry->key_tile(ring_block_bwd(p, 1, 1, RingCall{}, {})) != 128))
       continue;  // parts of a kv head as this shape's comment counts them
     const bool merges = c.entry->merges_output != nullptr && c.entry->merges_output(forward_params(p));
@@ -163,8 +166,14 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     EXPECT_EQ(r.ring->last_block_alone, forward && !s.last_shared);
     EXPECT_EQ(r.ring->last_block_merges, r.ring->last_block_alone && merges);
     EXPECT_EQ(r.ring->registered_buffers, !s.unregistered);
-    EXPECT_EQ(r.ring->lend_rank, s.lend ? s.lend[0] - '0' : -1);
-    EXPECT_EQ(r.ring->lend_kv_heads, s.lend ? std::stod(s.lend + 2) : 0.0);
+    EXPECT_EQ(r.ring->lend_auto, automatic);
+    if (automatic) {
+      EXPECT_GE(r.ring->lend_lag_ms, 0.0);
+      EXPECT_EQ(r.ring->lend_rank >= 0, r.ring->lend_kv_heads > 0);
+    } else {
+      EXPECT_EQ(r.ring->lend_rank, s.lend ? s.lend[0] - '0' : -1);
+      EXPECT_EQ(r.ring->lend_kv_heads, s.lend ? std::stod(s.lend + 2) : 0.0);
+    }
     if (s.unregistered || s.send_recv) {
       EXPECT_FALSE(r.ring->copy_engine);
     }
