@@ -170,8 +170,7 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     if (backward && entry->bwd_workspace) d.ws_bytes = std::max(d.ws_bytes, entry->bwd_workspace(block_bwd_params(d, s, 0)));
     if (fwd_entry->fwd_workspace) d.ws_bytes = std::max(d.ws_bytes, fwd_entry->fwd_workspace(block_params(d, s, 0)));
   }
-  if (lending() && d.rank != lend_rank && entry->bwd_workspace)  // the lent block, on the compute stream
-    d.ws_bytes = std::max(d.ws_bytes, entry->bwd_workspace(lent_params(d)));
+  d.ws_bytes = std::max(d.ws_bytes, lent_workspace(d));
   // Q, dO, the own K/V and two receive buffers, the workspace; the forward's running result
   // (none where the blocks merge in place), the partial results (steps 1, 3, ... in the second,
   // steps 2, 4, ... in the first; the own block writes O and lse) and O; the backward's
@@ -591,20 +590,11 @@ double Ring::Impl::block_flops(const RingCall& c) const {
 
 std::vector<double> Ring::flops_per_device() const {
   const Impl& s = *impl_;
-  auto flops = [&](const RingCall& c) { return s.block_flops(c); };
-  // Lending moves the lent tiles' share of the owner's other block (no mask: its keys') to the helper.
-  double lent = 0.0;
-  if (s.lending()) {
-    const RingCall c = ring_call(s.dims().S_q, 2, s.lend_rank, 1 - s.lend_rank, s.prob.causal);
-    int64_t keys = 0;  // the last tile of a kv head may be short
-    for (int t = s.lend_first(); t < s.dims().H_kv * s.lend_nkb; ++t)
-      keys += std::min(s.lend_tile, c.k_rows - (t % s.lend_nkb) * s.lend_tile);
-    lent = flops(c) * double(keys) / (double(s.dims().H_kv) * c.k_rows);
-  }
+  const double lent = s.lent_flops();  // lending moves it from the owner to the helper
   std::vector<double> f;
   for (const Impl::Dev& d : s.devs) {
     double sum = d.rank == s.lend_rank ? -lent : lent;
-    for (const Impl::Block& blk : d.blocks) sum += flops(blk.call);
+    for (const Impl::Block& blk : d.blocks) sum += s.block_flops(blk.call);
     f.push_back(sum);
   }
   return f;

@@ -236,12 +236,16 @@ struct Ring::Impl {
   int lend_first() const { return dims().H_kv * lend_nkb - lend_tiles; }  // the first lent tile
   double lend_kv_share() const { return double(lend_tiles) / lend_nkb; }  // kv heads' worth lent
   void lend_trim_owner(BwdParams* p) const;  // the owner's other block: the tiles before the lent ones
-  void lend_unit(int rank, int* tile, int* nkb) const;  // keys per tile, tiles per kv head of rank's other block
+  // The block a lender's tiles come from: its queries against the other rank's K/V (step 0).
+  RingCall lent_call(int owner) const { return ring_call(dims().S_q, 2, owner, 1 - owner, prob.causal); }
+  void lend_unit(int rank, int* tile, int* nkb) const;  // keys per tile, tiles per kv head of that block
   void set_lend(int rank, int tiles);                   // lend_* from the lending rank and its tiles
   // After the forward, from profiled repetitions without lending: the lender and its tiles, and
   // their buffers (auto).
   void choose_lend(const std::vector<RingProfile>& runs);
   double block_flops(const RingCall& c) const;  // a block's attention FLOPs, the problem's counting
+  double lent_flops() const;                     // what lending moves from the owner to the helper
+  size_t lent_workspace(const Dev& d) const;     // the lent block's on the helper (0 elsewhere)
   std::unique_ptr<ring_detail::Window> window(const Dev& d, size_t slot_bytes) const;
   void register_windows();
   cudaEvent_t start = nullptr;  // on rank 0

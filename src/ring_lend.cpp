@@ -39,7 +39,7 @@ void Ring::Impl::parse_lend() {
   if (automatic && multi) refuse("auto compares both GPUs' timelines, which one process of a ring does not see");
   for (int r = 0; r < 2; ++r) {
     if (!automatic && r != rank) continue;
-    const RingCall c = ring_call(dims().S_q, n(), r, 1 - r, prob.causal);
+    const RingCall c = lent_call(r);
     if (c.skip) refuse("rank " + std::to_string(r) + "'s other block is empty");
     if (c.causal) refuse("rank " + std::to_string(r) + "'s other block is under the causal mask");  // never on two GPUs
   }
@@ -52,24 +52,39 @@ void Ring::Impl::parse_lend() {
   const int total = dims().H_kv * nkb, tiles = static_cast<int>(std::lround(kv * nkb));
   if (tiles < 1 || tiles >= total || std::abs(tiles - kv * nkb) > 1e-6)
     refuse("the kv heads' worth lent is a multiple of 1/" + std::to_string(nkb) + " (" +
-           (tile > 0 ? std::to_string(tile) + "-key tiles of the block's keys" : std::string("whole kv heads")) +
+           (nkb > 1 ? std::to_string(tile) + "-key tiles of the block's keys" : std::string("whole kv heads")) +
            ") from 1/" + std::to_string(nkb) + " to H_kv - 1/" + std::to_string(nkb));
   set_lend(rank, tiles);
 }
 
-// The unit: the kernel's key tile where it takes part of its work (0 if not: whole kv heads).
+// The unit: the kernel's key tile where it takes part of its work, else the block's keys (a
+// whole kv head, one tile).
 void Ring::Impl::lend_unit(int rank, int* tile, int* nkb) const {
-  const RingCall c = ring_call(dims().S_q, 2, rank, 1 - rank, prob.causal);
-  *tile = entry->key_tile != nullptr ? entry->key_tile(ring_block_bwd(prob, 1, 1, RingCall{}, {})) : 0;
-  *nkb = *tile > 0 ? (c.k_rows + *tile - 1) / *tile : 1;
+  const int keys = lent_call(rank).k_rows;
+  const int t = entry->key_tile != nullptr ? entry->key_tile(ring_block_bwd(prob, 1, 1, RingCall{}, {})) : 0;
+  *tile = t > 0 ? t : keys;
+  *nkb = (keys + *tile - 1) / *tile;
 }
 
 void Ring::Impl::set_lend(int rank, int tiles) {
-  int tile = 0, nkb = 0;
-  lend_unit(rank, &tile, &nkb);
-  lend_rank = rank, lend_tile = tile > 0 ? tile : ring_call(dims().S_q, 2, rank, 1 - rank, prob.causal).k_rows;
-  lend_nkb = nkb, lend_tiles = tiles;
-  lend_kv = dims().H_kv - lend_first() / nkb;
+  lend_rank = rank, lend_tiles = tiles;
+  lend_unit(rank, &lend_tile, &lend_nkb);
+  lend_kv = dims().H_kv - lend_first() / lend_nkb;
+}
+
+// The lent tiles' share of the owner's other block, in its FLOPs (no mask there: its keys').
+double Ring::Impl::lent_flops() const {
+  if (!lending()) return 0.0;
+  const RingCall c = lent_call(lend_rank);
+  int64_t keys = 0;  // the last tile of a kv head may be short
+  for (int t = lend_first(); t < dims().H_kv * lend_nkb; ++t) keys += std::min(lend_tile, c.k_rows - (t % lend_nkb) * lend_tile);
+  return block_flops(c) * double(keys) / (double(dims().H_kv) * c.k_rows);
+}
+
+// The helper's workspace for the lent block (on its compute stream), 0 on the owner.
+size_t Ring::Impl::lent_workspace(const Dev& d) const {
+  if (!lending() || d.rank == lend_rank || !entry->bwd_workspace) return 0;
+  return entry->bwd_workspace(lent_params(d));
 }
 
 void Ring::Impl::choose_lend(const std::vector<RingProfile>& runs) {
@@ -84,8 +99,10 @@ void Ring::Impl::choose_lend(const std::vector<RingProfile>& runs) {
   lend_lag_ms = std::abs(end1 - end0);
   // One tile's share of the slower GPU's blocks time: its other block's FLOPs over all of its.
   double total_flops = 0;
-  for (int src = 0; src < 2; ++src) total_flops += block_flops(ring_call(dims().S_q, 2, slow, src, prob.causal));
-  const double other = block_flops(ring_call(dims().S_q, 2, slow, 1 - slow, prob.causal));
+  for (const Dev& d : devs)
+    if (d.rank == slow)
+      for (const Block& blk : d.blocks) total_flops += block_flops(blk.call);
+  const double other = block_flops(lent_call(slow));
   int tile = 0, nkb = 0;
   lend_unit(slow, &tile, &nkb);
   const int total = dims().H_kv * nkb;
@@ -95,8 +112,7 @@ void Ring::Impl::choose_lend(const std::vector<RingProfile>& runs) {
   set_lend(slow, tiles);
   for (Dev& d : devs) {
     allocate_lend(d);
-    if (d.rank == lend_rank || !entry->bwd_workspace) continue;
-    const size_t need = entry->bwd_workspace(lent_params(d));  // the lent block, on the compute stream
+    const size_t need = lent_workspace(d);
     if (need <= d.ws_bytes) continue;
     use(d);
     d.ws_bytes = need;
@@ -113,15 +129,10 @@ void Ring::Impl::lend_trim_owner(BwdParams* p) const {
   if (first % lend_nkb != 0) p->tiles_begin = 0, p->tiles_end = first;
 }
 
-// The owner's block that the helper takes part of: the owner's queries against the helper's K/V.
-namespace {
-RingCall lent_call(const Problem& prob, int owner) { return ring_call(prob.dims.S_q, 2, owner, 1 - owner, prob.causal); }
-}  // namespace
-
 void Ring::Impl::allocate_lend(Dev& d) {
   for (DeviceBuffer* b : {&d.lend_in, &d.lend_dq, &d.lend_dq_in}) *b = DeviceBuffer();
   if (!lending()) return;
-  const RingCall c = lent_call(prob, lend_rank);
+  const RingCall c = lent_call(lend_rank);
   const int len_o = shard_len(lend_rank), kh = lend_heads(), D = dims().D;
   const size_t dq_bytes = size_t(kh) * dq_rows(len_o) * D * 4;
   use(d);
@@ -135,7 +146,7 @@ void Ring::Impl::allocate_lend(Dev& d) {
 
 BwdParams Ring::Impl::lent_params(const Dev& h) const {
   const int o = lend_rank, len_o = shard_len(o), len_h = h.shard.len(), kh = lend_heads(), D = dims().D;
-  const RingCall c = lent_call(prob, o);
+  const RingCall c = lent_call(o);
   const int64_t head = int64_t(kh) * len_o * D;  // elements of one input, the lent heads
   RingBlockBuffers b;
   b.q = h.lend_in.get();
@@ -165,7 +176,7 @@ BwdParams Ring::Impl::lent_params(const Dev& h) const {
 
 // The owner's Q, O, dO and lse of the lent heads to the helper (point to point: small, once).
 void Ring::Impl::send_lend_inputs(Timeline* tl) {
-  const RingCall c = lent_call(prob, lend_rank);
+  const RingCall c = lent_call(lend_rank);
   const int len_o = shard_len(lend_rank), kh = lend_heads(), H = dims().H, D = dims().D;
   const size_t bytes = size_t(kh) * len_o * D * es(), lse_bytes = size_t(kh) * c.q_rows * 4;
   const int64_t first = int64_t(H - kh) * len_o * D * int64_t(es());  // the lent heads are the last
