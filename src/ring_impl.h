@@ -1,6 +1,7 @@
-// The ring's state (ring.h's Ring::Impl), shared by its two halves: src/ring.cpp (setting up,
-// shards in and out, gathering) and src/ring_steps.cpp (the steps of a repetition, transfers and
-// merges, and their profile). Only with NCCL.
+// The ring's state (ring.h's Ring::Impl), shared by its parts: src/ring.cpp (setting up,
+// gathering), src/ring_memory.cpp (shards in and out, registered buffers and windows, each rank's
+// allocation), src/ring_steps.cpp (the steps of a repetition, transfers and merges, and their
+// profile) and src/ring_lend.cpp (lending). Only with NCCL.
 #pragma once
 
 #ifdef FLASHATTN_HAVE_NCCL
