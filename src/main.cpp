@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
       app.add_option("--device", opt.device, "CUDA device index")->capture_default_str()->check(int_range(0, 1023));
   app.add_option("--devices", words.devices,
                  "Run GPU kernels as a ring over these GPUs (I,J[,...]): the sequence sharded across them, K/V "
-                 "passed around by NCCL")
+                 "passed around by NCCL; one index for every rank (0,0) has that GPU play them all, to check a ring")
       ->excludes(device_opt);
   app.add_option("--ring-rank", opt.ring_rank, "This process's rank in a ring of processes, one GPU each (--device)");
   app.add_option("--ring-size", opt.ring_size, "Processes (GPUs) in that ring");

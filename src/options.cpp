@@ -97,13 +97,17 @@ std::vector<int> parse_devices(const std::string& s) {
     const int id = digits ? std::stoi(item) : -1;
     if (!digits || id > 1023)
       throw InputError("--devices: '" + item + "' in '" + s + "' is not a device index (0..1023)");
-    if (std::find(ids.begin(), ids.end(), id) != ids.end())
-      throw InputError("--devices: device " + item + " is listed twice in '" + s + "'");
     ids.push_back(id);
     if (comma == std::string::npos) break;
     begin = comma + 1;
   }
   if (ids.size() < 2) throw InputError("--devices: '" + s + "' names one GPU; a ring needs two or more (one GPU: --device)");
+  // A GPU per rank, or one GPU for every rank (0,0: ring.h's loopback), nothing between.
+  if (std::count(ids.begin(), ids.end(), ids[0]) == int(ids.size())) return ids;
+  for (size_t i = 1; i < ids.size(); ++i)
+    if (std::find(ids.begin(), ids.begin() + i, ids[i]) != ids.begin() + i)
+      throw InputError("--devices: device " + std::to_string(ids[i]) + " is listed twice in '" + s +
+                       "' (a GPU per rank, or one GPU for every rank as in 0,0)");
   return ids;
 }
 

@@ -55,6 +55,7 @@ bool Ring::side_after_first_shard() const { return false; }
 bool Ring::last_block_alone() const { return false; }
 bool Ring::registered_buffers() const { return false; }
 bool Ring::copy_engine() const { return false; }
+bool Ring::loopback() const { return false; }
 int Ring::lend_rank() const { return -1; }
 double Ring::lend_kv_heads() const { return 0; }
 bool Ring::lend_auto() const { return false; }
@@ -169,6 +170,7 @@ void Ring::Impl::init_dev(Dev& d, int id, int rank, ncclComm_t comm, bool flushe
   d.lend_in_arrived = make_event(false);
   d.lend_done = make_event(false);
   d.lend_dq_arrived = make_event(false);
+  if (loopback) d.loop_ready = make_event(false), d.loop_done = make_event(false);
 }
 
 Ring::Ring(std::vector<int> devices) : impl_(std::make_unique<Impl>()) {
@@ -179,7 +181,9 @@ Ring::Ring(std::vector<int> devices) : impl_(std::make_unique<Impl>()) {
   s.world = static_cast<int>(s.ids.size());
   s.devs.resize(s.ids.size());
   std::vector<ncclComm_t> comms(s.ids.size());
-  s.ce_comms = ce_wanted(s.world);
+  // One GPU listed for every rank: the loopback (ring_impl.h), no communicator.
+  s.loopback = std::count(s.ids.begin(), s.ids.end(), s.ids[0]) == s.world;
+  s.ce_comms = !s.loopback && ce_wanted(s.world);
   if (s.ce_comms) {  // ncclCommInitAll's communicators, with the zero-CTA policy
 #if FLASHATTN_RING_HAVE_CE
     ncclUniqueId id;
@@ -193,7 +197,7 @@ Ring::Ring(std::vector<int> devices) : impl_(std::make_unique<Impl>()) {
     }
     NCCL_CHECK(ncclGroupEnd());
 #endif
-  } else {
+  } else if (!s.loopback) {
     NCCL_CHECK(ncclCommInitAll(comms.data(), s.world, s.ids.data()));
   }
   // The first GPU's L2 is flushed by the caller's timer, the others' here.
@@ -239,7 +243,7 @@ Ring::~Ring() {
     cudaSetDevice(d.id);
     for (auto* v : {&d.computed, &d.merged, &d.kv_arrived, &d.acc_arrived})
       for (cudaEvent_t e : *v) cudaEventDestroy(e);
-    for (cudaEvent_t e : {d.zeroed, d.done, d.lend_in_arrived, d.lend_done, d.lend_dq_arrived})
+    for (cudaEvent_t e : {d.zeroed, d.done, d.lend_in_arrived, d.lend_done, d.lend_dq_arrived, d.loop_ready, d.loop_done})
       if (e) cudaEventDestroy(e);
     for (cudaStream_t st : {d.compute, d.comm, d.merge, d.side})
       if (st) cudaStreamDestroy(st);
@@ -259,6 +263,7 @@ bool Ring::side_after_first_shard() const { return impl_->side_gated; }  // impl
 bool Ring::last_block_alone() const { return impl_->last_alone_fwd; }
 bool Ring::registered_buffers() const { return impl_->registered; }
 bool Ring::copy_engine() const { return impl_->copy_engine(); }
+bool Ring::loopback() const { return impl_->loopback; }
 int Ring::lend_rank() const { return impl_->lending() ? impl_->lend_rank : -1; }
 double Ring::lend_kv_heads() const { return impl_->lending() ? impl_->lend_kv_share() : 0; }
 bool Ring::lend_auto() const { return impl_->lend_auto; }
@@ -301,7 +306,7 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
                    env_switch("FLASHATTN_RING_KERNEL_MERGE", true);
   s.side_bwd = s.backward && side && s.f32_grads && !deterministic;
   s.side_gated = s.side_bwd && s.dims().H != s.dims().H_kv;
-  s.registered = env_switch("FLASHATTN_RING_REGISTER", NCCL_VERSION_CODE >= NCCL_VERSION(2, 19, 0));
+  s.registered = !s.loopback && env_switch("FLASHATTN_RING_REGISTER", NCCL_VERSION_CODE >= NCCL_VERSION(2, 19, 0));
   s.parse_lend();
   s.bytes_held = 0;
   for (Impl::Dev& d : s.devs) s.allocate(d, in);

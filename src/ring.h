@@ -88,6 +88,10 @@ class Ring {
   bool registered_buffers() const;
   // After prepare: whether two GPUs exchange by NCCL's copy engines, no SM taken (ring_impl.h).
   bool copy_engine() const;
+  // Whether one GPU plays every rank (its index listed for each, `--devices 0,0`): the transfers
+  // are copies on that GPU, the ring's steps otherwise the same (ring_impl.h). For checking a ring
+  // on one GPU; its times are not a ring's.
+  bool loopback() const;
   // After prepare: the rank that lends kv heads of its other block to the other GPU (-1: none),
   // and how many kv heads' worth (key tiles: may be a fraction; two GPUs, backward,
   // FLASHATTN_RING_LEND; ring_impl.h).

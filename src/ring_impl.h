@@ -131,10 +131,30 @@ struct Ring::Impl {
     std::vector<cudaEvent_t> computed, merged, kv_arrived, acc_arrived;
     cudaEvent_t zeroed = nullptr;  // the backward's accumulators zeroed (on compute)
     cudaEvent_t done = nullptr;
+    cudaEvent_t loop_ready = nullptr, loop_done = nullptr;  // one GPU playing every rank (loopback)
   };
 
   std::vector<int> ids;
   std::vector<Dev> devs;
+  // One GPU plays every rank (`--devices 0,0`): no communicator; each transfer is a copy on that
+  // GPU from the sender's buffer into the receiver's, on the receiver's transfer stream once the
+  // sender's has reached the group, and every rank's transfer stream goes on once all of the
+  // group's copies have (group_end). The same steps, buffers and events as a ring of GPUs, for
+  // checking a ring where one GPU is all there is; the ranks' blocks share its SMs, so the times
+  // are not a ring's.
+  bool loopback = false;
+  struct LoopOp {
+    int from, to;
+    void* buf;
+    size_t bytes;
+  };
+  std::vector<LoopOp> loop_sends, loop_recvs;  // the open group's (loopback)
+  // A group of point-to-point transfers between this process's ranks (NCCL's group, or the
+  // loopback's): send and recv enqueue on `d`'s transfer stream, group_end issues them.
+  void group_begin();
+  void group_end();
+  void send(Dev& d, const void* buf, size_t bytes, int peer);
+  void recv(Dev& d, void* buf, size_t bytes, int peer);
   const KernelMode* entry = nullptr;      // the run's entry (forward or backward)
   const KernelMode* fwd_entry = nullptr;  // its forward
   Problem prob;
@@ -369,13 +389,13 @@ struct Ring::Impl {
         tl->comm_in[d.rank].push_back(ring_detail::make_event(true));
         CUDA_CHECK(cudaEventRecord(tl->comm_in[d.rank].back(), d.comm));
       }
-    NCCL_CHECK(ncclGroupStart());
+    group_begin();
     for (Dev& d : devs) {
       use(d);
       const double bytes = calls(d);
       if (tl) tl->comm_bytes[d.rank].push_back(bytes);
     }
-    NCCL_CHECK(ncclGroupEnd());
+    group_end();
     if (tl)
       for (Dev& d : devs) {
         use(d);

@@ -184,13 +184,12 @@ void Ring::Impl::send_lend_inputs(Timeline* tl) {
     if (d.rank == lend_rank) {
       const int helper = 1 - lend_rank;
       for (const DeviceBuffer* src : {&d.q, &d.o, &d.dout})
-        NCCL_CHECK(ncclSend(at(*src, first), bytes, ncclUint8, helper, d.nccl, d.comm));
+        send(d, at(*src, first), bytes, helper);
       const DeviceBuffer& lse = c.q_row0 == 0 ? d.lse : d.lse_b;  // the block's rows, contiguous
-      NCCL_CHECK(ncclSend(at(lse, int64_t(H - kh) * c.q_rows * 4), lse_bytes, ncclUint8, helper, d.nccl, d.comm));
+      send(d, at(lse, int64_t(H - kh) * c.q_rows * 4), lse_bytes, helper);
     } else {
       for (int i = 0; i < 4; ++i)
-        NCCL_CHECK(ncclRecv(at(d.lend_in, i * int64_t(bytes)), i < 3 ? bytes : lse_bytes, ncclUint8, lend_rank,
-                            d.nccl, d.comm));
+        recv(d, at(d.lend_in, i * int64_t(bytes)), i < 3 ? bytes : lse_bytes, lend_rank);
     }
     return double(3 * bytes + lse_bytes);  // the bytes that travel, on either side
   });
@@ -225,9 +224,9 @@ void Ring::Impl::return_lent_dq(Timeline* tl) {
   group_transfer(tl, [&](Dev& d) {
     const DeviceBuffer& buf = d.rank == lend_rank ? d.lend_dq_in : d.lend_dq;
     if (d.rank == lend_rank)
-      NCCL_CHECK(ncclRecv(buf.get(), buf.bytes(), ncclUint8, 1 - lend_rank, d.nccl, d.comm));
+      recv(d, buf.get(), buf.bytes(), 1 - lend_rank);
     else
-      NCCL_CHECK(ncclSend(buf.get(), buf.bytes(), ncclUint8, lend_rank, d.nccl, d.comm));
+      send(d, buf.get(), buf.bytes(), lend_rank);
     return double(buf.bytes());
   });
   for (Dev& d : devs) {

@@ -140,6 +140,9 @@ std::string ring_note(const RingRecord& g, double median_ms) {
   char buf[400];
   std::string who = "ring over GPUs " + ids;
   if (g.rank >= 0) who = "ring of " + std::to_string(g.size) + " processes (rank " + std::to_string(g.rank) + " on GPU " + ids + ")";
+  if (g.loopback)
+    who = "ring of " + std::to_string(g.size) + " ranks on GPU " + std::to_string(g.devices.empty() ? 0 : g.devices[0]) +
+          " alone (transfers by copies on it: its times are not a ring's)";
   std::snprintf(buf, sizeof buf, "%s (zig-zag%s): TFLOP/s per GPU %s; transfers not hidden %.3f ms of %.3f, link %.0f GB/s",
                 who.c_str(), how.c_str(), tf.c_str(), g.exposed_comm_ms, g.profiled_ms, g.link_gbps);
   std::string s = buf;

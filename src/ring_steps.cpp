@@ -5,6 +5,7 @@
 #ifdef FLASHATTN_HAVE_NCCL
 
 #include <string>
+#include <vector>
 
 #include "flashattn/ring_ops.h"
 #include "nvtx.h"
@@ -13,6 +14,69 @@
 namespace flashattn {
 
 using namespace ring_detail;
+
+void Ring::Impl::group_begin() {
+  if (!loopback) NCCL_CHECK(ncclGroupStart());
+}
+
+void Ring::Impl::send(Dev& d, const void* buf, size_t bytes, int peer) {
+  if (!loopback) {
+    NCCL_CHECK(ncclSend(buf, bytes, ncclUint8, peer, d.nccl, d.comm));
+    return;
+  }
+  loop_sends.push_back({d.rank, peer, const_cast<void*>(buf), bytes});
+}
+
+void Ring::Impl::recv(Dev& d, void* buf, size_t bytes, int peer) {
+  if (!loopback) {
+    NCCL_CHECK(ncclRecv(buf, bytes, ncclUint8, peer, d.nccl, d.comm));
+    return;
+  }
+  loop_recvs.push_back({peer, d.rank, buf, bytes});
+}
+
+// The loopback's group: each send meets the receive its receiver posted for it (the k-th send
+// from a rank to another meets the k-th receive there from that rank, as NCCL pairs them).
+void Ring::Impl::group_end() {
+  if (!loopback) {
+    NCCL_CHECK(ncclGroupEnd());
+    return;
+  }
+  std::vector<LoopOp> sends, recvs;
+  sends.swap(loop_sends), recvs.swap(loop_recvs);
+  for (Dev& d : devs) {
+    use(d);
+    CUDA_CHECK(cudaEventRecord(d.loop_ready, d.comm));  // what each rank enqueued before the group
+  }
+  std::vector<char> met(recvs.size(), 0);
+  for (const LoopOp& out : sends) {
+    size_t i = 0;
+    while (i < recvs.size() && (met[i] || recvs[i].from != out.from || recvs[i].to != out.to)) ++i;
+    if (i == recvs.size() || recvs[i].bytes != out.bytes)
+      throw RuntimeError("ring (one GPU): rank " + std::to_string(out.from) + " sends " + std::to_string(out.bytes) +
+                         " bytes to rank " + std::to_string(out.to) + ", which posted no receive of that size");
+    met[i] = 1;
+    Dev& to = devs[out.to];
+    use(to);
+    CUDA_CHECK(cudaStreamWaitEvent(to.comm, devs[out.from].loop_ready, 0));
+    CUDA_CHECK(cudaMemcpyAsync(recvs[i].buf, out.buf, out.bytes, cudaMemcpyDeviceToDevice, to.comm));
+  }
+  for (size_t i = 0; i < recvs.size(); ++i)
+    if (!met[i])
+      throw RuntimeError("ring (one GPU): rank " + std::to_string(recvs[i].to) + " waits for " +
+                         std::to_string(recvs[i].bytes) + " bytes from rank " + std::to_string(recvs[i].from) +
+                         ", which sends none");
+  for (Dev& d : devs) {
+    use(d);
+    CUDA_CHECK(cudaEventRecord(d.loop_done, d.comm));
+  }
+  for (Dev& d : devs)  // a sender's buffer is free, as after NCCL's group, once its copies are done
+    for (const Dev& o : devs)
+      if (&o != &d) {
+        use(d);
+        CUDA_CHECK(cudaStreamWaitEvent(d.comm, o.loop_done, 0));
+      }
+}
 
 // Every rank sends `send(r)` (the buffer of the block it used at step s: bytes_of(src) bytes)
 // to the next rank and receives from the previous one into `recv(r)`: one NCCL group over all
@@ -30,8 +94,8 @@ void Ring::Impl::ring_shift(int s, SendBuf send, RecvBuf recv, Bytes bytes_of, T
       return double(w.slot_bytes());
     }
     const size_t out = bytes_of(src_of(d.rank, s)), in = bytes_of(src_of(prev(d.rank), s));
-    if (out) NCCL_CHECK(ncclSend(send(d), out, ncclUint8, next(d.rank), d.nccl, d.comm));
-    if (in) NCCL_CHECK(ncclRecv(recv(d), in, ncclUint8, prev(d.rank), d.nccl, d.comm));
+    if (out) this->send(d, send(d), out, next(d.rank));
+    if (in) this->recv(d, recv(d), in, prev(d.rank));
     return double(in);
   });
 }

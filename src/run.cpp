@@ -392,6 +392,7 @@ struct Session::Impl {
     info->last_block_alone = ring->last_block_alone();
     info->registered_buffers = ring->registered_buffers();
     info->copy_engine = ring->copy_engine();
+    info->loopback = ring->loopback();
     info->lend_rank = ring->lend_rank();
     info->lend_kv_heads = ring->lend_kv_heads();
     info->lend_auto = ring->lend_auto();

@@ -84,6 +84,9 @@ struct RingRecord {
   bool registered_buffers = false;
   // ... and, on two GPUs, by NCCL's copy engines, taking no SM from the blocks (ring_impl.h).
   bool copy_engine = false;
+  // One GPU played every rank (`--devices 0,0`; the transfers copies on it): checks the ring's
+  // steps; its times, throughputs and scaling efficiency are not a ring's.
+  bool loopback = false;
   // The backward's lending: the rank whose other block left kv heads to the other GPU (-1: none)
   // and how many kv heads' worth (FLASHATTN_RING_LEND; ring_impl.h).
   int lend_rank = -1;

@@ -78,10 +78,12 @@ TEST(Options, SharedChecksRunOnce) {
 namespace flashattn {
 namespace {
 
-TEST(Options, DevicesTakeTwoOrMoreDistinctIndices) {
+TEST(Options, DevicesTakeTwoOrMoreDistinctIndicesOrOneForEveryRank) {
   EXPECT_EQ(parse_devices("0,1"), (std::vector<int>{0, 1}));
   EXPECT_EQ(parse_devices("3,1,2"), (std::vector<int>{3, 1, 2}));
-  for (const char* bad : {"0", "", "0,", ",1", "0,0", "0,x", "0,1.5", "-1,0", "0,1024", "0, 1", "+1,0"}) {
+  EXPECT_EQ(parse_devices("0,0"), (std::vector<int>{0, 0}));  // one GPU plays both ranks
+  EXPECT_EQ(parse_devices("2,2,2"), (std::vector<int>{2, 2, 2}));
+  for (const char* bad : {"0", "", "0,", ",1", "0,0,1", "1,0,0", "0,1,0", "0,x", "0,1.5", "-1,0", "0,1024", "0, 1", "+1,0"}) {
     std::string what;
     try {
       parse_devices(bad);

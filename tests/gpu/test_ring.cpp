@@ -4,8 +4,10 @@
 // so and as 16-bit partials, the own block beside the others on a second stream and on one
 // stream, the forward's last block with the whole GPU and on its per-tile grid, the transfers by
 // NCCL's copy engines (the default on two GPUs) and by its send/recv kernels, checked against
-// the fp64 reference like one-GPU runs, and compared with the same kernel on one GPU. Skipped
-// (with the reason) where fewer than two GPUs are present or the build has no NCCL.
+// the fp64 reference like one-GPU runs, and compared with the same kernel on one GPU. With one
+// GPU, the same shapes as a ring of two ranks on it (`--devices 0,0`, ring.h's loopback: the
+// transfers are copies on it, NCCL's registered buffers and copy engines not used). Skipped (with
+// the reason) where no GPU is present or the build has no NCCL.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -90,9 +92,14 @@ std::string skip_reason() {
   const std::string why = ring_unavailable();
   if (!why.empty()) return why;
   std::string no_gpu;
-  const int n = cuda_device_count(&no_gpu);
-  if (n < 2) return "a ring needs two GPUs, " + std::to_string(n) + " present";
+  if (cuda_device_count(&no_gpu) == 0) return no_gpu;
   return "";
+}
+
+// GPUs 0 and 1, or GPU 0 for both ranks where it is the only one.
+std::vector<int> ring_devices() {
+  std::string no_gpu;
+  return cuda_device_count(&no_gpu) >= 2 ? std::vector<int>{0, 1} : std::vector<int>{0, 0};
 }
 
 HostArray normal(DType t, std::vector<int64_t> shape, uint64_t stream) {
@@ -137,7 +144,8 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     const bool merges = c.entry->merges_output != nullptr && c.entry->merges_output(forward_params(p));
     SessionOptions so;
     so.device = 0;
-    so.devices = {0, 1};
+    so.devices = ring_devices();
+    const bool loopback = so.devices[1] == so.devices[0];
     so.timing.warmup = 0;
     so.timing.repeat = 1;
     so.timing.flush_l2 = false;
@@ -165,7 +173,8 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     const bool forward = c.entry->mode == Mode::Forward;
     EXPECT_EQ(r.ring->last_block_alone, forward && !s.last_shared);
     EXPECT_EQ(r.ring->last_block_merges, r.ring->last_block_alone && merges);
-    EXPECT_EQ(r.ring->registered_buffers, !s.unregistered);
+    EXPECT_EQ(r.ring->loopback, loopback);
+    EXPECT_EQ(r.ring->registered_buffers, !s.unregistered && !loopback);
     EXPECT_EQ(r.ring->lend_auto, automatic);
     if (automatic) {
       EXPECT_GE(r.ring->lend_lag_ms, 0.0);
@@ -174,7 +183,7 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
       EXPECT_EQ(r.ring->lend_rank, s.lend ? s.lend[0] - '0' : -1);
       EXPECT_EQ(r.ring->lend_kv_heads, s.lend ? std::stod(s.lend + 2) : 0.0);
     }
-    if (s.unregistered || s.send_recv) {
+    if (s.unregistered || s.send_recv || loopback) {
       EXPECT_FALSE(r.ring->copy_engine);
     }
     if (s.one_stream || (forward && !s.last_shared)) {
@@ -183,8 +192,8 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
       EXPECT_TRUE(r.ring->side_stream);
     }
     EXPECT_EQ(r.ring->side_after_first_shard, !forward && r.ring->side_stream && s.H != s.H_kv);
-    std::printf("  [ring %s %s D%d %s%s%s] vs one GPU: %s, max abs %.3g; scaling efficiency %.3f\n",
-                c.entry->kernel.c_str(), mode_name(c.entry->mode), c.D, s.tag,
+    std::printf("  [ring%s %s %s D%d %s%s%s] vs one GPU: %s, max abs %.3g; scaling efficiency %.3f\n",
+                loopback ? " on one GPU" : "", c.entry->kernel.c_str(), mode_name(c.entry->mode), c.D, s.tag,
                 r.ring->side_stream        ? ", two streams"
                 : r.ring->last_block_alone ? ", last block alone"
                                            : "",

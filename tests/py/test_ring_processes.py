@@ -1,7 +1,8 @@
 """A ring of two processes, one GPU each (--ring-rank/--ring-size/--ring-id), as it would run
 across nodes: rank 0 gathers, checks and reports; rank 1 computes its part and prints nothing.
 Runs where two GPUs are present and the build has NCCL; skipped (saying why) elsewhere; the
-options' refusals are checked everywhere.
+options' refusals are checked everywhere. And one GPU playing both ranks of a ring
+(--devices 0,0), where any GPU is present.
 
 Needs FLASHATTN_BUILD_DIR pointing at a build directory holding flashattn and flashattn-gen.
 """
@@ -34,6 +35,7 @@ def gpu_count():
     (["--ring-rank", "2", "--ring-size", "2", "--ring-id", "x"], "--ring-rank: 2 is not in 0..1"),
     (["--ring-rank", "0", "--ring-size", "1", "--ring-id", "x"], "--ring-size: a ring needs two"),
     (["--ring-rank", "0", "--ring-size", "2", "--ring-id", "x", "--devices", "0,1"], "conflicts with --devices"),
+    (["--devices", "0,1,0"], "device 0 is listed twice"),
 ])
 def test_ring_options_are_refused_with_the_reason(args, message):
     r = subprocess.run([str(FLASHATTN), "--compute", "mma", "--data", "nowhere", *args], capture_output=True, text=True)
@@ -68,3 +70,27 @@ def test_two_processes_check_against_the_reference(tmp_path):
         assert r["status"] == "ok" and r["check"]["passed"], r["check"]
         assert r["ring"]["size"] == 2 and r["ring"]["rank"] == 0
         assert r["ring"]["max_abs_vs_one_gpu"] is not None
+
+
+def test_one_gpu_plays_both_ranks(tmp_path):
+    if gpu_count() < 1:
+        pytest.skip("no GPU present")
+    data = tmp_path / "data"
+    subprocess.run([str(GEN), "--out", data, "--B", "1", "--H", "4", "--H-kv", "2", "--S", "301", "--D", "64",
+                    "--dtype", "bf16", "--with-dO"], check=True, capture_output=True)
+    out = tmp_path / "ring.json"
+    r = subprocess.run([str(FLASHATTN), "--compute", "mma", "--mode", "both", "--causal", "--data", str(data),
+                        "--check", "--warmup", "1", "--repeat", "2", "--no-write", "--devices", "0,0",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    if "no NCCL" in r.stderr:
+        pytest.skip(r.stderr.strip())
+    assert r.returncode == 0, r.stderr
+    assert "ranks on GPU 0 alone" in r.stdout, r.stdout
+    runs = [x for x in json.loads(out.read_text())["runs"] if x["kernel"] == "mma"]
+    assert {x["mode"] for x in runs} == {"forward", "backward"}
+    for x in runs:
+        assert x["status"] == "ok" and x["check"]["passed"], x["check"]
+        g = x["ring"]
+        assert g["loopback"] and g["devices"] == [0, 0] and g["size"] == 2
+        assert not g["registered_buffers"] and not g["copy_engine"]
+        assert all(d["passed"] for d in g["vs_one_gpu"]), g["vs_one_gpu"]
