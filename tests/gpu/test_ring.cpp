@@ -1,12 +1,13 @@
-// Rings over two GPUs (src/ring.h): every kernel that declares partial outputs, forward and
+// Rings over two GPUs, and a few over three and four (src/ring.h): every kernel that declares partial outputs, forward and
 // backward, causal (zig-zag) and not, GQA, key padding (with an empty and a short sequence), and
 // lengths that 2N does not divide, the backward's gradients in fp32 where the kernel keeps them
 // so and as 16-bit partials, the own block beside the others on a second stream and on one
 // stream, the forward's last block with the whole GPU and on its per-tile grid, the transfers by
 // NCCL's copy engines (the default on two GPUs) and by its send/recv kernels, checked against
-// the fp64 reference like one-GPU runs, and compared with the same kernel on one GPU. With one
-// GPU, the same shapes as a ring of two ranks on it (`--devices 0,0`, ring.h's loopback: the
-// transfers are copies on it, NCCL's registered buffers and copy engines not used). Skipped (with
+// the fp64 reference like one-GPU runs, and compared with the same kernel on one GPU. With fewer
+// GPUs than a shape's ranks, the shape as a ring of that many ranks on GPU 0 (`--devices 0,0`,
+// ring.h's loopback: the transfers are copies on it, NCCL's registered buffers and copy engines
+// not used). Skipped (with
 // the reason) where no GPU is present or the build has no NCCL.
 #include <gtest/gtest.h>
 
@@ -40,6 +41,7 @@ struct RingShape {
   bool send_recv;          // FLASHATTN_RING_COPY_ENGINE=0: NCCL's send/recv kernels, not its copy engines
   const char* tag;
   const char* lend = nullptr;  // FLASHATTN_RING_LEND (the backward of a kernel that can lend; B = 1)
+  int ranks = 2;               // GPUs 0..ranks-1 where present, else as many ranks on GPU 0
 };
 
 const RingShape kShapes[] = {
@@ -69,6 +71,12 @@ const RingShape kShapes[] = {
     {1, 8, 4, 1024, false, false, false, false, false, false, false, "lend_0_1_5_gqa8_4_s1024", "0:1.5"},
     // The lender and its tiles from the measured lag (any choice, none included, must hold).
     {1, 4, 4, 1024, true, false, false, false, false, false, false, "lend_auto_s1024_causal", "auto"},
+    // Longer rings: the forward's fp32 running result, more than one remote block per GPU, K/V
+    // and accumulators over more than one hop; 2N = 6 and 8 divide neither S.
+    {1, 4, 4, 301, true, false, false, false, false, false, false, "r3_s301_causal", nullptr, 3},
+    {3, 2, 2, 200, true, true, false, false, false, false, false, "r3_padding_causal", nullptr, 3},
+    {2, 8, 2, 509, false, false, false, false, false, false, false, "r4_gqa8_2_s509", nullptr, 4},
+    {1, 4, 4, 509, true, false, true, true, false, false, false, "r4_s509_causal_partial_one_stream", nullptr, 4},
 };
 
 struct RingCase {
@@ -96,10 +104,13 @@ std::string skip_reason() {
   return "";
 }
 
-// GPUs 0 and 1, or GPU 0 for both ranks where it is the only one.
-std::vector<int> ring_devices() {
+// GPUs 0..ranks-1, or GPU 0 for every rank where fewer are present.
+std::vector<int> ring_devices(int ranks) {
   std::string no_gpu;
-  return cuda_device_count(&no_gpu) >= 2 ? std::vector<int>{0, 1} : std::vector<int>{0, 0};
+  std::vector<int> ids(ranks, 0);
+  if (cuda_device_count(&no_gpu) >= ranks)
+    for (int i = 0; i < ranks; ++i) ids[i] = i;
+  return ids;
 }
 
 HostArray normal(DType t, std::vector<int64_t> shape, uint64_t stream) {
@@ -144,7 +155,7 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     const bool merges = c.entry->merges_output != nullptr && c.entry->merges_output(forward_params(p));
     SessionOptions so;
     so.device = 0;
-    so.devices = ring_devices();
+    so.devices = ring_devices(s.ranks);
     const bool loopback = so.devices[1] == so.devices[0];
     so.timing.warmup = 0;
     so.timing.repeat = 1;
@@ -167,11 +178,13 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     for (const RingRecord::VsOneGpu& d : r.ring->vs_one_gpu)
       EXPECT_TRUE(d.passed) << d.name << " vs one GPU: " << d.metric << " " << d.measured << " > " << d.tolerance;
     EXPECT_GE(r.ring->max_abs_vs_one_gpu(), 0.0);
-    // Two streams unless told not to: the forward (on these two GPUs) where its last block does
-    // not take the whole GPU, the backward with fp32 gradients, its own block after the first
+    // Two streams unless told not to: the forward where its last block does not take the whole
+    // GPU (more than two ranks, or told not to), the backward with fp32 gradients, its own block after the first
     // K/V shard under GQA.
     const bool forward = c.entry->mode == Mode::Forward;
-    EXPECT_EQ(r.ring->last_block_alone, forward && !s.last_shared);
+    const bool last_alone = forward && !s.last_shared && s.ranks == 2;
+    EXPECT_EQ(r.ring->size, s.ranks);
+    EXPECT_EQ(r.ring->last_block_alone, last_alone);
     EXPECT_EQ(r.ring->last_block_merges, r.ring->last_block_alone && merges);
     EXPECT_EQ(r.ring->loopback, loopback);
     EXPECT_EQ(r.ring->registered_buffers, !s.unregistered && !loopback);
@@ -186,7 +199,7 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     if (s.unregistered || s.send_recv || loopback) {
       EXPECT_FALSE(r.ring->copy_engine);
     }
-    if (s.one_stream || (forward && !s.last_shared)) {
+    if (s.one_stream || last_alone) {
       EXPECT_FALSE(r.ring->side_stream);
     } else if (forward || r.ring->gradients == "fp32") {
       EXPECT_TRUE(r.ring->side_stream);
