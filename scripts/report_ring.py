@@ -21,16 +21,20 @@ import json
 import sys
 
 
+def parse_docs(text):
+    """The documents of a --json file: JSON lines or one JSON document (a sweep's --json)."""
+    try:
+        return [json.loads(text)]
+    except ValueError:
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
 def load(path, kernel=None, ring=True):
     """{(B, H, H_kv, S, D, causal): {mode: run}} of the ring runs in `path` (ring=False: the one-GPU
     runs), of `kernel` only if given, those that failed --check left out. The file is JSON lines
     or one JSON document (a sweep's --json)."""
     with open(path) as f:
-        text = f.read()
-    try:
-        docs = [json.loads(text)]
-    except ValueError:
-        docs = [json.loads(line) for line in text.splitlines() if line.strip()]
+        docs = parse_docs(f.read())
     rows = {}
     for d in docs:
         for r in d.get("runs", []):
