@@ -146,12 +146,8 @@ struct Ring::Impl {
   // checking a ring where one GPU is all there is; the ranks' blocks share its SMs, so the times
   // are not a ring's.
   bool loopback = false;
-  struct LoopOp {
-    int from, to;
-    void* buf;
-    size_t bytes;
-  };
-  std::vector<LoopOp> loop_sends, loop_recvs;  // the open group's (loopback)
+  std::vector<RingTransfer> loop_sends, loop_recvs;  // the open group's (loopback; ring_plan.h)
+  std::vector<void*> loop_send_bufs, loop_recv_bufs;
   // A group of point-to-point transfers between this process's ranks (NCCL's group, or the
   // loopback's): send and recv enqueue on `d`'s transfer stream, group_end issues them.
   void group_begin();

@@ -21,6 +21,9 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
+#include <string>
+#include <vector>
 
 namespace flashattn {
 
@@ -97,6 +100,40 @@ inline int ring_lend_tiles(double lag_ms, double tile_ms, int max_tiles) {
   if (!(lag_ms > 0) || !(tile_ms > 0) || max_tiles < 1) return 0;
   const double tiles = lag_ms / (kRingLendSpread * tile_ms) + 0.5;
   return tiles >= max_tiles ? max_tiles : static_cast<int>(tiles);
+}
+
+// One GPU playing every rank (ring.h's loopback): a group's point-to-point transfers, paired as
+// NCCL pairs them: the k-th send from rank a to rank b meets the k-th receive that b posted from
+// a. For each send, the index of its receive; where a send meets no receive or one of another
+// size, or a receive meets no send, an empty result and the reason in *error.
+struct RingTransfer {
+  int from = 0, to = 0;
+  size_t bytes = 0;
+};
+inline std::vector<int> ring_pair_transfers(const std::vector<RingTransfer>& sends,
+                                            const std::vector<RingTransfer>& recvs, std::string* error) {
+  std::vector<int> pair(sends.size(), -1);
+  std::vector<char> met(recvs.size(), 0);
+  auto fail = [&](const std::string& why) {
+    *error = why;
+    return std::vector<int>{};
+  };
+  for (size_t i = 0; i < sends.size(); ++i) {
+    const RingTransfer& out = sends[i];
+    size_t j = 0;
+    while (j < recvs.size() && (met[j] || recvs[j].from != out.from || recvs[j].to != out.to)) ++j;
+    if (j == recvs.size() || recvs[j].bytes != out.bytes)
+      return fail("rank " + std::to_string(out.from) + " sends " + std::to_string(out.bytes) + " bytes to rank " +
+                  std::to_string(out.to) + ", which posted no receive of that size");
+    met[j] = 1;
+    pair[i] = static_cast<int>(j);
+  }
+  for (size_t j = 0; j < recvs.size(); ++j)
+    if (!met[j])
+      return fail("rank " + std::to_string(recvs[j].to) + " waits for " + std::to_string(recvs[j].bytes) +
+                  " bytes from rank " + std::to_string(recvs[j].from) + ", which sends none");
+  error->clear();
+  return pair;
 }
 
 }  // namespace flashattn

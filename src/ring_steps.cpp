@@ -24,7 +24,8 @@ void Ring::Impl::send(Dev& d, const void* buf, size_t bytes, int peer) {
     NCCL_CHECK(ncclSend(buf, bytes, ncclUint8, peer, d.nccl, d.comm));
     return;
   }
-  loop_sends.push_back({d.rank, peer, const_cast<void*>(buf), bytes});
+  loop_sends.push_back({d.rank, peer, bytes});
+  loop_send_bufs.push_back(const_cast<void*>(buf));
 }
 
 void Ring::Impl::recv(Dev& d, void* buf, size_t bytes, int peer) {
@@ -32,40 +33,33 @@ void Ring::Impl::recv(Dev& d, void* buf, size_t bytes, int peer) {
     NCCL_CHECK(ncclRecv(buf, bytes, ncclUint8, peer, d.nccl, d.comm));
     return;
   }
-  loop_recvs.push_back({peer, d.rank, buf, bytes});
+  loop_recvs.push_back({peer, d.rank, bytes});
+  loop_recv_bufs.push_back(buf);
 }
 
-// The loopback's group: each send meets the receive its receiver posted for it (the k-th send
-// from a rank to another meets the k-th receive there from that rank, as NCCL pairs them).
+// The loopback's group: each send meets the receive its receiver posted for it
+// (ring_pair_transfers), a copy on the receiver's transfer stream.
 void Ring::Impl::group_end() {
   if (!loopback) {
     NCCL_CHECK(ncclGroupEnd());
     return;
   }
-  std::vector<LoopOp> sends, recvs;
-  sends.swap(loop_sends), recvs.swap(loop_recvs);
+  std::vector<RingTransfer> sends, recvs;
+  std::vector<void*> from, into;
+  sends.swap(loop_sends), recvs.swap(loop_recvs), from.swap(loop_send_bufs), into.swap(loop_recv_bufs);
+  std::string error;
+  const std::vector<int> pair = ring_pair_transfers(sends, recvs, &error);
+  if (!error.empty()) throw RuntimeError("ring (one GPU): " + error);
   for (Dev& d : devs) {
     use(d);
     CUDA_CHECK(cudaEventRecord(d.loop_ready, d.comm));  // what each rank enqueued before the group
   }
-  std::vector<char> met(recvs.size(), 0);
-  for (const LoopOp& out : sends) {
-    size_t i = 0;
-    while (i < recvs.size() && (met[i] || recvs[i].from != out.from || recvs[i].to != out.to)) ++i;
-    if (i == recvs.size() || recvs[i].bytes != out.bytes)
-      throw RuntimeError("ring (one GPU): rank " + std::to_string(out.from) + " sends " + std::to_string(out.bytes) +
-                         " bytes to rank " + std::to_string(out.to) + ", which posted no receive of that size");
-    met[i] = 1;
-    Dev& to = devs[out.to];
+  for (size_t i = 0; i < sends.size(); ++i) {
+    Dev& to = devs[sends[i].to];
     use(to);
-    CUDA_CHECK(cudaStreamWaitEvent(to.comm, devs[out.from].loop_ready, 0));
-    CUDA_CHECK(cudaMemcpyAsync(recvs[i].buf, out.buf, out.bytes, cudaMemcpyDeviceToDevice, to.comm));
+    CUDA_CHECK(cudaStreamWaitEvent(to.comm, devs[sends[i].from].loop_ready, 0));
+    CUDA_CHECK(cudaMemcpyAsync(into[pair[i]], from[i], sends[i].bytes, cudaMemcpyDeviceToDevice, to.comm));
   }
-  for (size_t i = 0; i < recvs.size(); ++i)
-    if (!met[i])
-      throw RuntimeError("ring (one GPU): rank " + std::to_string(recvs[i].to) + " waits for " +
-                         std::to_string(recvs[i].bytes) + " bytes from rank " + std::to_string(recvs[i].from) +
-                         ", which sends none");
   for (Dev& d : devs) {
     use(d);
     CUDA_CHECK(cudaEventRecord(d.loop_done, d.comm));

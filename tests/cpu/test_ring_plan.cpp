@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "ring_plan.h"
@@ -106,6 +107,28 @@ namespace flashattn {
 namespace {
 
 // Gathering every rank's rows and scattering them back gives the tensor again, in either layout.
+// The loopback's pairing (one GPU playing every rank): in NCCL's order per (sender, receiver).
+TEST(RingPlan, TransfersPairAsNcclPairsThem) {
+  std::string error;
+  // Two ranks exchanging, then rank 0 sending two buffers to rank 1 (lending's inputs).
+  const std::vector<RingTransfer> sends = {{0, 1, 8}, {1, 0, 8}, {0, 1, 4}, {0, 1, 2}};
+  const std::vector<RingTransfer> recvs = {{1, 0, 8}, {0, 1, 8}, {0, 1, 4}, {0, 1, 2}};
+  EXPECT_EQ(ring_pair_transfers(sends, recvs, &error), (std::vector<int>{1, 0, 2, 3}));
+  EXPECT_TRUE(error.empty());
+  // Three ranks around the ring.
+  EXPECT_EQ(ring_pair_transfers({{0, 1, 5}, {1, 2, 5}, {2, 0, 5}}, {{2, 0, 5}, {0, 1, 5}, {1, 2, 5}}, &error),
+            (std::vector<int>{1, 2, 0}));
+  EXPECT_TRUE(ring_pair_transfers({}, {}, &error).empty());
+  EXPECT_TRUE(error.empty());
+  // A size that differs, a send nobody receives, a receive nobody sends: refused with the reason.
+  EXPECT_TRUE(ring_pair_transfers({{0, 1, 8}}, {{0, 1, 4}}, &error).empty());
+  EXPECT_NE(error.find("rank 0 sends 8 bytes to rank 1"), std::string::npos) << error;
+  EXPECT_TRUE(ring_pair_transfers({{0, 1, 8}}, {}, &error).empty());
+  EXPECT_NE(error.find("no receive"), std::string::npos) << error;
+  EXPECT_TRUE(ring_pair_transfers({}, {{1, 0, 8}}, &error).empty());
+  EXPECT_NE(error.find("rank 0 waits for 8 bytes from rank 1, which sends none"), std::string::npos) << error;
+}
+
 TEST(RingPlan, ShardRowsRoundTrip) {
   const int B = 2, heads = 3, S = 19, width = 4, N = 3;
   for (bool bshd : {false, true}) {
