@@ -29,23 +29,28 @@ def parse_docs(text):
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def load(path, kernel=None, ring=True):
-    """{(B, H, H_kv, S, D, causal): {mode: run}} of the ring runs in `path` (ring=False: the one-GPU
-    runs), of `kernel` only if given, those that failed --check left out. The file is JSON lines
-    or one JSON document (a sweep's --json)."""
-    with open(path) as f:
-        docs = parse_docs(f.read())
-    rows = {}
+def rows_of(docs, kernel=None, ring=True):
+    """{(B, H, H_kv, S, D, causal): {mode: run}} of the ring runs in `docs` (ring=False: the
+    one-GPU runs), of `kernel` only if given, those that failed --check left out; and how many
+    were left out so."""
+    rows, failed = {}, 0
     for d in docs:
         for r in d.get("runs", []):
             if r.get("status") != "ok" or bool(r.get("ring")) != ring or (kernel and r["kernel"] != kernel):
                 continue
             if r.get("check") is not None and not (r["check"] or {}).get("passed", True):
+                failed += 1
                 continue
             s = r["shape"]
             key = (s["B"], s["H"], s["H_kv"], s["S_q"], s["D"], bool(r["flags"].get("causal")))
             rows.setdefault(key, {})[r["mode"]] = r
-    return rows
+    return rows, failed
+
+
+def load(path, kernel=None, ring=True):
+    """rows_of the file at `path`: JSON lines or one JSON document (a sweep's --json)."""
+    with open(path) as f:
+        return rows_of(parse_docs(f.read()), kernel, ring)[0]
 
 
 def load_card(path, kernel=None):
