@@ -272,10 +272,7 @@ void launch(const BwdParams& p, const LaunchContext& ctx) {
   if (p.grads_f32) {  // the consumers store dK and dV themselves
     a.dk_f32 = static_cast<float*>(p.dk), a.dv_f32 = static_cast<float*>(p.dv);
     a.dk_f32_st = p.dk_st, a.dv_f32_st = p.dv_st;
-    a.fin_ready = p.finish.ready;
-    a.fin_acc_dk = p.finish.acc_dk, a.fin_acc_dv = p.finish.acc_dv;
-    a.fin_out_dk = p.finish.out_dk, a.fin_out_dv = p.finish.out_dv;
-    a.fin_state = p.finish.state;
+    a.fin = p.finish;
   } else {
     a.tm_dk = sm90::make_tensor_map(p.dk, p.dtype, p.dk_st, p.B, p.H_kv, p.S_k, p.D, 64);
     a.tm_dv = sm90::make_tensor_map(p.dv, p.dtype, p.dv_st, p.B, p.H_kv, p.S_k, p.D, 64);

@@ -229,6 +229,9 @@ struct Ring::Impl {
   // The merge stream, once d's returning accumulator is complete (arrived, and at a helper the
   // lent block stored into it): the flag set, the slabs stored so far finished.
   void finish_at_arrival(Dev& d);
+  // On the merge stream: every slab the own block marked and nobody took yet, as the own fp32
+  // dK/dV plus the returning accumulator, rounded into the outputs (each slab once).
+  void finish_marked_slabs(Dev& d);
   // The buffers NCCL sends from and receives into (the own K/V, the two receive buffers, the
   // backward's travelling accumulators) allocated by ncclMemAlloc and registered with the
   // communicator, so that a transfer between GPUs of one node goes straight from one rank's buffer

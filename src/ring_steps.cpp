@@ -237,8 +237,7 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
       }
       const float* acc = static_cast<const float*>(d.acc[(n() - 1) & 1].get());
       if (finishes(d))  // the slabs the own block stored in fp32 and the pass at the arrival did not take
-        ring_finish_slabs(prob.dtype, static_cast<const float*>(d.dkv_own.get()), acc, d.dkv.get(),
-                          static_cast<int*>(d.fin_state.get()), dims().B, dims().H_kv, len, dims().D, d.merge);
+        finish_marked_slabs(d);
       else if (f32_grads && !d.blocks[d.rank].call.skip)  // plus the own block's fp32 dK/dV (all its keys)
         ring_add_round(prob.dtype,
                        static_cast<const float*>((side() ? d.dkv_own : d.dkv_part[(n() - 1) & 1]).get()), acc,
@@ -258,6 +257,10 @@ void Ring::Impl::finish_at_arrival(Dev& d) {
   CUDA_CHECK(cudaStreamWaitEvent(d.merge, d.acc_arrived[n() - 2], 0));
   if (lending() && d.rank != lend_rank) CUDA_CHECK(cudaStreamWaitEvent(d.merge, d.lend_done, 0));  // its tiles in it
   ring_set_flag(static_cast<int*>(d.fin_ready.get()), 1, d.merge);
+  finish_marked_slabs(d);
+}
+
+void Ring::Impl::finish_marked_slabs(Dev& d) {
   ring_finish_slabs(prob.dtype, static_cast<const float*>(d.dkv_own.get()),
                     static_cast<const float*>(d.acc[(n() - 1) & 1].get()), d.dkv.get(),
                     static_cast<int*>(d.fin_state.get()), dims().B, dims().H_kv, d.shard.len(), dims().D, d.merge);

@@ -317,15 +317,15 @@ struct Consumer {
 
   // grads_f32: each thread's accumulator pairs (columns 8·di + 2·(lane % 4), + 1 of its two
   // rows) straight to global memory as float2; a quad of lanes covers 32 contiguous bytes. A warp
-  // holds one slab of kFinishRows keys; with a finish (Args::fin_ready) it either writes the slab's
+  // holds one slab of kFinishRows keys; with a finish (Args::fin.ready) it either writes the slab's
   // outputs, its accumulator added (L2 loads: arrived from another GPU while this kernel ran), or
   // stores the fp32 slab and then marks it.
   __device__ void store_f32() {
     static_assert(kFinishRows == 16, "a warp's 16 keys are one slab");
     const int slab_key = st.n0 + cw * 64 + warp * 16;
     bool finish = false;
-    if (a.fin_ready != nullptr) {
-      const int ready = lane == 0 ? sm90::ld_acquire_gpu(a.fin_ready) : 0;
+    if (a.fin.ready != nullptr) {
+      const int ready = lane == 0 ? sm90::ld_acquire_gpu(a.fin.ready) : 0;
       finish = __shfl_sync(0xffffffffu, ready, 0) != 0;
       __syncwarp();  // lane 0's acquire orders the warp's loads of the accumulator after it
     }
@@ -345,17 +345,17 @@ struct Consumer {
 #pragma unroll
           for (int j = 0; j < kChunk; ++j) {
             const int col = (d0 + j) * 8 + 2 * (lane % 4);
-            ak[j] = __ldcg(reinterpret_cast<const float2*>(a.fin_acc_dk + ok + col));
-            av[j] = __ldcg(reinterpret_cast<const float2*>(a.fin_acc_dv + ov + col));
+            ak[j] = __ldcg(reinterpret_cast<const float2*>(a.fin.acc_dk + ok + col));
+            av[j] = __ldcg(reinterpret_cast<const float2*>(a.fin.acc_dv + ov + col));
           }
 #pragma unroll
           for (int j = 0; j < kChunk; ++j) {
             // dK·scale rounded to fp32 first (no fused multiply-add), as the fp32 path stores it.
             const int di = d0 + j, col = di * 8 + 2 * (lane % 4);
-            *reinterpret_cast<uint32_t*>(static_cast<T*>(a.fin_out_dk) + ok + col) =
+            *reinterpret_cast<uint32_t*>(static_cast<T*>(a.fin.out_dk) + ok + col) =
                 mma::pack2<T>(__fmul_rn(rdK[di][2 * r], a.scale) + ak[j].x,
                               __fmul_rn(rdK[di][2 * r + 1], a.scale) + ak[j].y);
-            *reinterpret_cast<uint32_t*>(static_cast<T*>(a.fin_out_dv) + ov + col) =
+            *reinterpret_cast<uint32_t*>(static_cast<T*>(a.fin.out_dv) + ov + col) =
                 mma::pack2<T>(rdV[di][2 * r] + av[j].x, rdV[di][2 * r + 1] + av[j].y);
           }
         }
@@ -368,12 +368,12 @@ struct Consumer {
         *reinterpret_cast<float2*>(a.dv_f32 + ov + col) = make_float2(rdV[di][2 * r], rdV[di][2 * r + 1]);
       }
     }
-    if (a.fin_ready != nullptr && !finish && slab_key < a.S_k) {  // the fp32 slab, then its mark
+    if (a.fin.ready != nullptr && !finish && slab_key < a.S_k) {  // the fp32 slab, then its mark
       __threadfence();
       __syncwarp();
       if (lane == 0) {
         const int slabs = (a.S_k + kFinishRows - 1) / kFinishRows, h_kv = a.H / a.group;
-        atomicExch(a.fin_state + (int64_t(st.b) * h_kv + st.kv_head) * slabs + slab_key / kFinishRows, 1);
+        atomicExch(a.fin.state + (int64_t(st.b) * h_kv + st.kv_head) * slabs + slab_key / kFinishRows, 1);
       }
     }
   }

@@ -123,15 +123,10 @@ struct Args {
   float* dk_f32 = nullptr;
   float* dv_f32 = nullptr;
   Strides dk_f32_st, dv_f32_st;
-  // BwdParams::finish (with dk_f32; fin_ready null: none): a slab of kFinishRows keys is stored
-  // rounded as fin_out = round(dK·scale + fin_acc) where *fin_ready was set, else in fp32 and
-  // marked in fin_state. At the fp32 strides.
-  const int* fin_ready = nullptr;
-  const float* fin_acc_dk = nullptr;
-  const float* fin_acc_dv = nullptr;
-  void* fin_out_dk = nullptr;
-  void* fin_out_dv = nullptr;
-  int* fin_state = nullptr;
+  // BwdParams::finish (with dk_f32; fin.ready null: none): a slab of kFinishRows keys is stored
+  // rounded as fin.out_* = round(dK·scale + fin.acc_*) where *fin.ready was set, else in fp32 and
+  // marked in fin.state. At the fp32 strides.
+  BwdParams::Finish fin;
   int S_k = 0;
   int H = 0, group = 1, S_q = 0, S_pad = 0;
   float scale = 0.f, scale_log2 = 0.f;
