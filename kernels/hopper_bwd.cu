@@ -272,7 +272,6 @@ void launch(const BwdParams& p, const LaunchContext& ctx) {
   if (p.grads_f32) {  // the consumers store dK and dV themselves
     a.dk_f32 = static_cast<float*>(p.dk), a.dv_f32 = static_cast<float*>(p.dv);
     a.dk_f32_st = p.dk_st, a.dv_f32_st = p.dv_st;
-    a.fin = p.finish;
   } else {
     a.tm_dk = sm90::make_tensor_map(p.dk, p.dtype, p.dk_st, p.B, p.H_kv, p.S_k, p.D, 64);
     a.tm_dv = sm90::make_tensor_map(p.dv, p.dtype, p.dv_st, p.B, p.H_kv, p.S_k, p.D, 64);
@@ -397,9 +396,6 @@ void run(const BwdParams& p, const LaunchContext& ctx) {
                                 int64_t(p.dq_accum_row0) + p.S_q + kDqAccumSpare > p.dq_accum_rows))
     throw RuntimeError("hopper backward: dq_accum needs grads_f32, rows and a first row in multiples of " +
                        std::to_string(kDqAccumRows) + " and room for S_q + " + std::to_string(kDqAccumSpare) + " rows");
-  if (p.finish.ready != nullptr &&
-      (!p.grads_f32 || !p.finish.acc_dk || !p.finish.acc_dv || !p.finish.out_dk || !p.finish.out_dv || !p.finish.state))
-    throw RuntimeError("hopper backward: finish needs grads_f32 and its accumulators, outputs and slab states");
   if (p.tiles_begin != 0 || p.tiles_end != 0) {
     const int64_t tiles = int64_t(p.B) * p.H_kv * ((p.S_k + kKeyTile - 1) / kKeyTile);
     if (p.tiles_begin < 0 || p.tiles_begin >= p.tiles_end || p.tiles_end > tiles)
@@ -441,7 +437,6 @@ KernelMode make_entry() {
   m.fp32_gradients = &has_own_variant;
   m.dq_finish = &dq_finish;
   m.key_tile = &key_tile;
-  m.finishes_gradients = &has_own_variant;
   return m;
 }
 

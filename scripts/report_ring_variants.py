@@ -8,9 +8,8 @@ several times pools its files (its rounds, in the order given). One row per (sha
 and NAME, in the order the names first appear: each round's median ms and scaling efficiency,
 the median of the rounds' medians and its ratio against the first NAME's (> 1: faster than the
 first, the same statistic on both sides), and from the last round's profiled repetition when each
-GPU's blocks ended, the tail after the last of them (its passes: what no block hides), what was
-lent, and whether the backward's own block finished its gradients. Runs that failed --check are
-left out and counted under the table.
+GPU's blocks ended, the tail after the last of them (its passes: what no block hides) and what
+was lent. Runs that failed --check are left out and counted under the table.
 """
 import argparse
 import statistics
@@ -35,7 +34,7 @@ def load_variants(pairs, kernel=None):
 
 
 def profile(run):
-    """'76.01 / 76.48', the tail in ms, the lending and the own block's finish, from one run's ring."""
+    """'76.01 / 76.48', the tail in ms and the lending, from one run's ring."""
     g = run["ring"]
     ends = [p.get("blocks_ms") for p in g.get("per_gpu", [])]
     ends_text = " / ".join(f"{e:.2f}" for e in ends if e is not None) or "–"
@@ -47,8 +46,7 @@ def profile(run):
         lent = "none (auto)" if lend.get("auto") else "none"
     else:
         lent = f"rank {lend['rank']}: {lend['kv_heads']:g} kv heads" + (" (auto)" if lend.get("auto") else "")
-    finish = "yes" if g.get("own_block_finishes") else "no"
-    return ends_text, tail, lent, finish
+    return ends_text, tail, lent
 
 
 def table(variants):
@@ -57,7 +55,7 @@ def table(variants):
         for rows in rounds:
             keys += [k for k in rows if k not in keys]
     out = ["| shape | mode | setting | median ms by round | efficiency by round | median | × first | "
-           "blocks end by GPU (last round) | tail ms | lent | own block finishes |", "|---" * 11 + "|"]
+           "blocks end by GPU (last round) | tail ms | lent |", "|---" * 10 + "|"]
     for key in sorted(keys):
         B, H, Hkv, S, D, causal = key
         shape = f"B{B} H{H}{'/' + str(Hkv) if Hkv != H else ''} S{S} D{D}{' causal' if causal else ''}"
@@ -71,11 +69,10 @@ def table(variants):
                 eff = [r["ring"].get("scaling_efficiency") for r in runs]
                 med = statistics.median(ms)
                 first = med if first is None else first
-                ends, tail, lent, finish = profile(runs[-1])
+                ends, tail, lent = profile(runs[-1])
                 out.append(f"| {shape} | {mode} | {name} | {', '.join(f'{x:.3f}' for x in ms)} | "
                            f"{', '.join('–' if e is None else f'{e:.3f}' for e in eff)} | {med:.3f} | "
-                           f"{first / med:.3f}× | {ends} | {'–' if tail is None else f'{tail:.3f}'} | {lent} | "
-                           f"{finish} |")
+                           f"{first / med:.3f}× | {ends} | {'–' if tail is None else f'{tail:.3f}'} | {lent} |")
     return "\n".join(out)
 
 

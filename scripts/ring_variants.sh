@@ -3,7 +3,7 @@
 # ablations), interleaved in rounds so that a drift of the clocks falls on every setting alike;
 # every run --check'ed; then the table of scripts/report_ring_variants.py.
 #
-#   RING_VARIANTS='base lend=FLASHATTN_RING_LEND=auto finish=FLASHATTN_RING_FINISH=1' scripts/ring_variants.sh
+#   RING_VARIANTS='base lend=FLASHATTN_RING_LEND=auto one=FLASHATTN_RING_SIDE_STREAM=0' scripts/ring_variants.sh
 #   RING_PRESET=FILE RING_KERNEL=hopper RING_DEVICES=0,1 RING_MODE=backward RING_ROUNDS=2 \
 #     RING_OUT=results/ring_variants scripts/ring_variants.sh
 #

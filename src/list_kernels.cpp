@@ -60,7 +60,6 @@ std::string list_kernels(bool as_json) {
                      {"merges_output", e->merges_output != nullptr},
                      {"dq_accumulator", e->dq_finish != nullptr},
                      {"key_tiles", e->key_tile != nullptr},
-                     {"finishes_gradients", e->finishes_gradients != nullptr},
                      {"compiled_archs", e->compiled_archs}});
     }
     return arr.dump(2) + "\n";

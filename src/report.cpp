@@ -198,7 +198,6 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
                  {"registered_buffers", g.registered_buffers},
                  {"copy_engine", g.copy_engine},
                  {"loopback", g.loopback},
-                 {"own_block_finishes", g.own_block_finishes},
                  {"lend", g.lend_rank >= 0 || g.lend_auto
                               ? json{{"rank", g.lend_rank >= 0 ? json(g.lend_rank) : json(nullptr)},
                                      {"kv_heads", g.lend_kv_heads},

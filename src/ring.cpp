@@ -56,7 +56,6 @@ bool Ring::last_block_alone() const { return false; }
 bool Ring::registered_buffers() const { return false; }
 bool Ring::copy_engine() const { return false; }
 bool Ring::loopback() const { return false; }
-bool Ring::own_block_finishes() const { return false; }
 int Ring::lend_rank() const { return -1; }
 double Ring::lend_kv_heads() const { return 0; }
 bool Ring::lend_auto() const { return false; }
@@ -265,7 +264,6 @@ bool Ring::last_block_alone() const { return impl_->last_alone_fwd; }
 bool Ring::registered_buffers() const { return impl_->registered; }
 bool Ring::copy_engine() const { return impl_->copy_engine(); }
 bool Ring::loopback() const { return impl_->loopback; }
-bool Ring::own_block_finishes() const { return impl_->finish_in_kernel; }
 int Ring::lend_rank() const { return impl_->lending() ? impl_->lend_rank : -1; }
 double Ring::lend_kv_heads() const { return impl_->lending() ? impl_->lend_kv_share() : 0; }
 bool Ring::lend_auto() const { return impl_->lend_auto; }
@@ -308,9 +306,6 @@ void Ring::prepare(const KernelMode& e, const RunInputs& in, bool deterministic)
                    env_switch("FLASHATTN_RING_KERNEL_MERGE", true);
   s.side_bwd = s.backward && side && s.f32_grads && !deterministic;
   s.side_gated = s.side_bwd && s.dims().H != s.dims().H_kv;
-  s.finish_in_kernel = s.side_bwd && e.finishes_gradients != nullptr &&
-                       e.finishes_gradients(ring_block_bwd(s.prob, 1, 1, RingCall{}, {})) &&
-                       env_choice("FLASHATTN_RING_FINISH", false);  // off until measured on two GPUs
   s.registered = !s.loopback && env_switch("FLASHATTN_RING_REGISTER", NCCL_VERSION_CODE >= NCCL_VERSION(2, 19, 0));
   s.parse_lend();
   s.bytes_held = 0;

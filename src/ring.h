@@ -92,9 +92,6 @@ class Ring {
   // are copies on that GPU, the ring's steps otherwise the same (ring_impl.h). For checking a ring
   // on one GPU; its times are not a ring's.
   bool loopback() const;
-  // After prepare: whether the backward's own block writes dK/dV of its keys itself once their
-  // accumulator is back (KernelMode::finishes_gradients; ring_impl.h).
-  bool own_block_finishes() const;
   // After prepare: the rank that lends kv heads of its other block to the other GPU (-1: none),
   // and how many kv heads' worth (key tiles: may be a fraction; two GPUs, backward,
   // FLASHATTN_RING_LEND; ring_impl.h).

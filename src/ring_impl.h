@@ -116,9 +116,6 @@ struct Ring::Impl {
     // [B, H_kv, len, D] each) and, where dQ is not added by the kernel's reductions (dq_accum),
     // its dQ (fp32, [B, H, len, D]): its kernel's dQ pass runs beside the others'.
     DeviceBuffer dkv_own, dq_own;
-    // finishes(): the flag the own block's kernel reads (int: the returning accumulator is
-    // complete) and its slabs' states (BwdParams::Finish).
-    DeviceBuffer fin_ready, fin_state;
     DeviceBuffer ws, ws_side;  // the kernels' workspaces: compute's, side's (two kernels at once)
     // copy_engine: the memory of kv_own and kv[0] (its two slots), and of acc[0] and acc[1]
     // (the backward's), which are then views into it.
@@ -214,24 +211,6 @@ struct Ring::Impl {
   // (kernel_merge implies last_alone_fwd, so two GPUs: the one other block merges in place.)
   bool merges_in_kernel(int s) const { return kernel_merge && s == n() - 1; }
   bool dq_apart() const { return backward && side_bwd && !dq_accum; }  // the own block's dQ in dq_own
-  // The backward's own block (on its own stream, fp32 gradients) writes the outputs dK/dV of its
-  // keys itself once the accumulator of those keys is back (KernelMode::finishes_gradients,
-  // BwdParams::finish): the accumulator returns after the last remote block, well before the own
-  // block ends (it runs beside the others at the lower priority), so only the slabs stored before
-  // its arrival are left, for a pass at the arrival (under the own block) and one after the block
-  // for the few stored as it arrived; without, a pass after the own block adds its fp32 dK/dV to
-  // the accumulator and rounds: 0.56 ms at 64k (2.7 GB), the most of the backward's tail.
-  // FLASHATTN_RING_FINISH=1 turns it on: off by default, since on one GPU playing both ranks it
-  // measured level (the tail 0.82 -> 0.22 ms, the blocks 0.6 ms longer; docs/PERF.md ring step
-  // 25), and two GPUs, where the own block runs mostly after the arrival, have not measured it.
-  bool finish_in_kernel = false;
-  bool finishes(const Dev& d) const { return finish_in_kernel && !d.blocks[d.rank].call.skip && d.shard.len() > 0; }
-  // The merge stream, once d's returning accumulator is complete (arrived, and at a helper the
-  // lent block stored into it): the flag set, the slabs stored so far finished.
-  void finish_at_arrival(Dev& d);
-  // On the merge stream: every slab the own block marked and nobody took yet, as the own fp32
-  // dK/dV plus the returning accumulator, rounded into the outputs (each slab once).
-  void finish_marked_slabs(Dev& d);
   // The buffers NCCL sends from and receives into (the own K/V, the two receive buffers, the
   // backward's travelling accumulators) allocated by ncclMemAlloc and registered with the
   // communicator, so that a transfer between GPUs of one node goes straight from one rank's buffer
@@ -366,14 +345,6 @@ struct Ring::Impl {
       float* dq = static_cast<float*>((beside && dq_apart() ? d.dq_own : d.dq_acc).get());
       ring_block_grads_f32(prob, d.shard.len(), shard_len(src_of(d.rank, s)), block_of(d, s).call, dq, dkv,
                            into_acc || beside, &p);
-      if (beside && finishes(d)) {  // the own block: the same offsets in the accumulator and the outputs
-        const int64_t k = static_cast<float*>(p.dk) - dkv, v = static_cast<float*>(p.dv) - dkv;
-        const float* acc = static_cast<const float*>(d.acc[(n() - 1) & 1].get());
-        p.finish.ready = static_cast<const int*>(d.fin_ready.get());
-        p.finish.acc_dk = acc + k, p.finish.acc_dv = acc + v;
-        p.finish.out_dk = ring_detail::at(d.dkv, k * int64_t(es())), p.finish.out_dv = ring_detail::at(d.dkv, v * int64_t(es()));
-        p.finish.state = static_cast<int*>(d.fin_state.get());
-      }
       if (dq_accum) {
         p.dq_accum = static_cast<float*>(d.dq_acc.get());
         p.dq_accum_rows = dq_rows(d.shard.len());

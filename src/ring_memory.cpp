@@ -131,8 +131,6 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
             2 * size_t(2 * kv_elems(max_kv)) * 4 + 2 * kv_elems(len) * e;
   if (side_bwd) need += 2 * kv_elems(len) * 4;  // dkv_own
   if (dq_apart()) need += q_elems(len) * 4;     // dq_own
-  const size_t fin_slabs = finishes(d) ? size_t(B) * dims().H_kv * ((len + kFinishRows - 1) / kFinishRows) : 0;
-  need += fin_slabs ? 4 * (fin_slabs + 1) : 0;  // fin_ready, fin_state
   use(d);
   require_device_memory(entry->kernel + " (ring rank " + std::to_string(d.rank) + ")", need, d.id);
   bytes_held = std::max(bytes_held, need);
@@ -185,8 +183,6 @@ void Ring::Impl::allocate(Dev& d, const RunInputs& in) {
     if (side_bwd) d.dkv_own = DeviceBuffer(2 * kv_elems(len) * 4);
     if (dq_apart()) d.dq_own = DeviceBuffer(q_elems(len) * 4);
   }
-  d.fin_ready = DeviceBuffer(fin_slabs ? 4 : 0);
-  d.fin_state = DeviceBuffer(fin_slabs * 4);
   allocate_lend(d);
   const int32_t* seqlens = in.seqlens_k ? in.seqlens_k->data<int32_t>() : nullptr;
   for (int src = 0; src < n() && seqlens; ++src) {  // each block's keys below each batch element's length

@@ -122,7 +122,6 @@ std::string ring_note(const RingRecord& g, double median_ms) {
   }
   std::string how = g.gradients.empty() ? "" : ", " + g.gradients + " gradients";
   if (g.side_stream) how += g.side_after_first_shard ? ", own block on a second stream after the first shard" : ", own block on a second stream";
-  if (g.own_block_finishes) how += " finishing its dK/dV";
   if (g.last_block_alone) how += g.last_block_merges ? ", last block alone, merging in its kernel" : ", last block alone";
   if (!g.registered_buffers) how += ", unregistered buffers";
   if (g.copy_engine) how += ", copy-engine transfers";

@@ -204,9 +204,6 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
         if (d.rank != lend_rank) compute_lent(d, tl);
       return_lent_dq(tl);
     }
-    if (backward && s == n() - 2)  // the last accumulator is back: the own block finishes its keys
-      for (Dev& d : devs)
-        if (finishes(d)) finish_at_arrival(d);
   }
   for (Dev& d : devs) {
     use(d);
@@ -236,9 +233,7 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
         ring_round(prob.dtype, static_cast<const float*>(d.dq_acc.get()), d.dq.get(), q_elems(len), d.merge);
       }
       const float* acc = static_cast<const float*>(d.acc[(n() - 1) & 1].get());
-      if (finishes(d))  // the slabs the own block stored in fp32 and the pass at the arrival did not take
-        finish_marked_slabs(d);
-      else if (f32_grads && !d.blocks[d.rank].call.skip)  // plus the own block's fp32 dK/dV (all its keys)
+      if (f32_grads && !d.blocks[d.rank].call.skip)  // plus the own block's fp32 dK/dV (all its keys)
         ring_add_round(prob.dtype,
                        static_cast<const float*>((side() ? d.dkv_own : d.dkv_part[(n() - 1) & 1]).get()), acc,
                        d.dkv.get(), 2 * kv_elems(len), d.merge);
@@ -250,20 +245,6 @@ void Ring::Impl::enqueue(cudaStream_t stream0, bool flush, Timeline* tl) {
   }
   CUDA_CHECK(cudaSetDevice(devs[0].id));
   for (Dev& d : devs) CUDA_CHECK(cudaStreamWaitEvent(stream0, d.done, 0));
-}
-
-void Ring::Impl::finish_at_arrival(Dev& d) {
-  use(d);
-  CUDA_CHECK(cudaStreamWaitEvent(d.merge, d.acc_arrived[n() - 2], 0));
-  if (lending() && d.rank != lend_rank) CUDA_CHECK(cudaStreamWaitEvent(d.merge, d.lend_done, 0));  // its tiles in it
-  ring_set_flag(static_cast<int*>(d.fin_ready.get()), 1, d.merge);
-  finish_marked_slabs(d);
-}
-
-void Ring::Impl::finish_marked_slabs(Dev& d) {
-  ring_finish_slabs(prob.dtype, static_cast<const float*>(d.dkv_own.get()),
-                    static_cast<const float*>(d.acc[(n() - 1) & 1].get()), d.dkv.get(),
-                    static_cast<int*>(d.fin_state.get()), dims().B, dims().H_kv, d.shard.len(), dims().D, d.merge);
 }
 
 // The dQ accumulator (the kernels add into it), the first step's dK/dV accumulator and, where
@@ -286,8 +267,6 @@ void Ring::Impl::zero_accumulators(Dev& d) {
     if (after) CUDA_CHECK(cudaMemset2DAsync(reinterpret_cast<char*>(acc) + pitch - after, pitch, 0, after, height, d.compute));
   }
   if (dq_apart()) ring_fill(static_cast<float*>(d.dq_own.get()), 0.f, q_elems(d.shard.len()), d.compute);
-  for (const DeviceBuffer* b : {&d.fin_ready, &d.fin_state})  // finishes(): no slab stored, none ready
-    if (b->bytes()) CUDA_CHECK(cudaMemsetAsync(b->get(), 0, b->bytes(), d.compute));
   CUDA_CHECK(cudaEventRecord(d.zeroed, d.compute));
   CUDA_CHECK(cudaStreamWaitEvent(d.side, d.zeroed, 0));
 }

@@ -393,7 +393,6 @@ struct Session::Impl {
     info->registered_buffers = ring->registered_buffers();
     info->copy_engine = ring->copy_engine();
     info->loopback = ring->loopback();
-    info->own_block_finishes = ring->own_block_finishes();
     info->lend_rank = ring->lend_rank();
     info->lend_kv_heads = ring->lend_kv_heads();
     info->lend_auto = ring->lend_auto();

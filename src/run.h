@@ -87,9 +87,6 @@ struct RingRecord {
   // One GPU played every rank (`--devices 0,0`; the transfers copies on it): checks the ring's
   // steps; its times, throughputs and scaling efficiency are not a ring's.
   bool loopback = false;
-  // The backward's own block wrote the dK/dV outputs of its keys once their accumulator was back
-  // (ring_impl.h's finish_in_kernel).
-  bool own_block_finishes = false;
   // The backward's lending: the rank whose other block left kv heads to the other GPU (-1: none)
   // and how many kv heads' worth (FLASHATTN_RING_LEND; ring_impl.h).
   int lend_rank = -1;

@@ -105,26 +105,7 @@ struct BwdParams : FwdParams {
   // may be short). dK and dV are written for those keys only; dQ gets their terms only. Both 0:
   // all the work.
   int tiles_begin = 0, tiles_end = 0;
-  // With grads_f32, for a kernel whose entry has finishes_gradients (a ring's own block, beside
-  // the arrival of the accumulator that holds the other GPUs' dK/dV of its keys): the outputs
-  // finished in the kernel once that accumulator is complete. Per slab of kFinishRows keys of a
-  // (batch, kv head), as it is stored: where *ready (set on the device once `acc_*` hold every other
-  // term) is non-zero, the kernel writes dK·scale + acc_dk and dV + acc_dv rounded to the dtype into
-  // out_dk/out_dv; else it stores dk/dv in fp32 as without a finish and then sets the slab's
-  // state to 1 (after its stores, at device scope), for ring_finish_slabs to complete. acc_* and
-  // out_* are at dk_st/dv_st (floats and elements); state is [B, H_kv, ceil(S_k / kFinishRows)]
-  // ints, zeroed by the caller with *ready. ready null: no finish.
-  struct Finish {
-    const int* ready = nullptr;
-    const float* acc_dk = nullptr;
-    const float* acc_dv = nullptr;
-    void* out_dk = nullptr;
-    void* out_dv = nullptr;
-    int* state = nullptr;
-  } finish;
 };
-
-constexpr int kFinishRows = 16;  // keys per slab of BwdParams::Finish
 
 constexpr int kDqAccumRows = 16;    // rows of a layout group of the dQ accumulator
 constexpr int kDqAccumSpare = 128;  // the longest step of rows a kernel adds at once

@@ -93,10 +93,6 @@ struct KernelMode {
   // Keys per tile of BwdParams::tiles_begin/tiles_end for these params (null or 0: the backward
   // takes no part of the work): a ring lends that many keys of a kv head at a time.
   int (*key_tile)(const BwdParams&) = nullptr;
-  // Whether its backward honours BwdParams::finish for these params (null: never): a ring's own
-  // block then writes the outputs of the keys it stores once their accumulator has arrived,
-  // instead of a pass adding the two after the block.
-  bool (*finishes_gradients)(const BwdParams&) = nullptr;
   // Head dims (within head_dims) the kernel hands to another registered kernel, which --list and
   // the run's notes name: the kernel has no variant of its own for them.
   std::vector<int> fallback_head_dims;

@@ -51,18 +51,6 @@ void ring_round(DType t, const float* src, void* dst, int64_t n, cudaStream_t st
 // the output).
 void ring_add_round(DType t, const float* a, const float* b, void* dst, int64_t n, cudaStream_t stream);
 
-// The slabs of a backward's BwdParams::finish that its kernel stored in fp32 and marked (state 1):
-// each such slab (kFinishRows keys of one (batch, kv head), dK and dV) is taken (state 2, so two
-// calls may run at once) and written out as ring_add_round does, round(own + acc) into `out`.
-// own, acc ([2, B, H_kv, rows, D] fp32: dK, then dV) and out (the same in the dtype) are
-// contiguous; state is [B, H_kv, ceil(rows / kFinishRows)]. The others are left alone: written by
-// the kernel (never marked), or not yet stored (a later call takes them).
-void ring_finish_slabs(DType t, const float* own, const float* acc, void* out, int* state, int B, int H_kv, int rows,
-                       int D, cudaStream_t stream);
-
-// *flag = value on the device, after everything before it on `stream` (a finish's `ready`).
-void ring_set_flag(int* flag, int value, cudaStream_t stream);
-
 // Rows [row0, row0 + rows) of lse ([B, H, S_loc]) into a contiguous [B, H, rows] (a kernel reads
 // lse contiguous over its own rows).
 void ring_lse_rows(const float* lse, float* dst, int B, int H, int rows, int row0, int S_loc, cudaStream_t stream);

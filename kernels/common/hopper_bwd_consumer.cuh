@@ -316,64 +316,19 @@ struct Consumer {
   }
 
   // grads_f32: each thread's accumulator pairs (columns 8·di + 2·(lane % 4), + 1 of its two
-  // rows) straight to global memory as float2; a quad of lanes covers 32 contiguous bytes. A warp
-  // holds one slab of kFinishRows keys; with a finish (Args::fin.ready) it either writes the slab's
-  // outputs, its accumulator added (L2 loads: arrived from another GPU while this kernel ran), or
-  // stores the fp32 slab and then marks it.
+  // rows) straight to global memory as float2; a quad of lanes covers 32 contiguous bytes.
   __device__ void store_f32() {
-    static_assert(kFinishRows == 16, "a warp's 16 keys are one slab");
-    const int slab_key = st.n0 + cw * 64 + warp * 16;
-    bool finish = false;
-    if (a.fin.ready != nullptr) {
-      const int ready = lane == 0 ? sm90::ld_acquire_gpu(a.fin.ready) : 0;
-      finish = __shfl_sync(0xffffffffu, ready, 0) != 0;
-      __syncwarp();  // lane 0's acquire orders the warp's loads of the accumulator after it
-    }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int key = slab_key + r * 8 + lane / 4;
+      const int key = st.n0 + cw * 64 + warp * 16 + r * 8 + lane / 4;
       if (key >= a.S_k) continue;
-      const int64_t ok = st.b * a.dk_f32_st.batch + st.kv_head * a.dk_f32_st.head + key * a.dk_f32_st.row;
-      const int64_t ov = st.b * a.dv_f32_st.batch + st.kv_head * a.dv_f32_st.head + key * a.dv_f32_st.row;
-      if (finish) {
-        // The accumulator's pairs of 8 column tiles loaded together before any store (the
-        // stores may alias them for all the compiler knows: one load at a time otherwise).
-        constexpr int kChunk = Tr::kDTiles < 8 ? Tr::kDTiles : 8;
-#pragma unroll
-        for (int d0 = 0; d0 < Tr::kDTiles; d0 += kChunk) {
-          float2 ak[kChunk], av[kChunk];
-#pragma unroll
-          for (int j = 0; j < kChunk; ++j) {
-            const int col = (d0 + j) * 8 + 2 * (lane % 4);
-            ak[j] = __ldcg(reinterpret_cast<const float2*>(a.fin.acc_dk + ok + col));
-            av[j] = __ldcg(reinterpret_cast<const float2*>(a.fin.acc_dv + ov + col));
-          }
-#pragma unroll
-          for (int j = 0; j < kChunk; ++j) {
-            // dK·scale rounded to fp32 first (no fused multiply-add), as the fp32 path stores it.
-            const int di = d0 + j, col = di * 8 + 2 * (lane % 4);
-            *reinterpret_cast<uint32_t*>(static_cast<T*>(a.fin.out_dk) + ok + col) =
-                mma::pack2<T>(__fmul_rn(rdK[di][2 * r], a.scale) + ak[j].x,
-                              __fmul_rn(rdK[di][2 * r + 1], a.scale) + ak[j].y);
-            *reinterpret_cast<uint32_t*>(static_cast<T*>(a.fin.out_dv) + ov + col) =
-                mma::pack2<T>(rdV[di][2 * r] + av[j].x, rdV[di][2 * r + 1] + av[j].y);
-          }
-        }
-        continue;
-      }
+      float* dk = a.dk_f32 + st.b * a.dk_f32_st.batch + st.kv_head * a.dk_f32_st.head + key * a.dk_f32_st.row;
+      float* dv = a.dv_f32 + st.b * a.dv_f32_st.batch + st.kv_head * a.dv_f32_st.head + key * a.dv_f32_st.row;
 #pragma unroll
       for (int di = 0; di < Tr::kDTiles; ++di) {
         const int col = di * 8 + 2 * (lane % 4);
-        *reinterpret_cast<float2*>(a.dk_f32 + ok + col) = make_float2(rdK[di][2 * r] * a.scale, rdK[di][2 * r + 1] * a.scale);
-        *reinterpret_cast<float2*>(a.dv_f32 + ov + col) = make_float2(rdV[di][2 * r], rdV[di][2 * r + 1]);
-      }
-    }
-    if (a.fin.ready != nullptr && !finish && slab_key < a.S_k) {  // the fp32 slab, then its mark
-      __threadfence();
-      __syncwarp();
-      if (lane == 0) {
-        const int slabs = (a.S_k + kFinishRows - 1) / kFinishRows, h_kv = a.H / a.group;
-        atomicExch(a.fin.state + (int64_t(st.b) * h_kv + st.kv_head) * slabs + slab_key / kFinishRows, 1);
+        *reinterpret_cast<float2*>(dk + col) = make_float2(rdK[di][2 * r] * a.scale, rdK[di][2 * r + 1] * a.scale);
+        *reinterpret_cast<float2*>(dv + col) = make_float2(rdV[di][2 * r], rdV[di][2 * r + 1]);
       }
     }
   }

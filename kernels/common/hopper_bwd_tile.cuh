@@ -123,10 +123,6 @@ struct Args {
   float* dk_f32 = nullptr;
   float* dv_f32 = nullptr;
   Strides dk_f32_st, dv_f32_st;
-  // BwdParams::finish (with dk_f32; fin.ready null: none): a slab of kFinishRows keys is stored
-  // rounded as fin.out_* = round(dK·scale + fin.acc_*) where *fin.ready was set, else in fp32 and
-  // marked in fin.state. At the fp32 strides.
-  BwdParams::Finish fin;
   int S_k = 0;
   int H = 0, group = 1, S_q = 0, S_pad = 0;
   float scale = 0.f, scale_log2 = 0.f;

@@ -15,7 +15,6 @@
 #include "common/switch.h"
 #include "flashattn/check.h"
 #include "flashattn/error.h"
-#include "flashattn/params.h"
 #include "flashattn/ring_ops.h"
 
 namespace flashattn {
@@ -175,47 +174,6 @@ __global__ void add_round_kernel(const float* a, const float* b, T* dst, int64_t
   store<V>(dst + e, z);
 }
 
-// V floats through L2 only (written by another kernel that is still running).
-template <int V>
-__device__ __forceinline__ Pack<float, V> load_cg(const float* p) {
-  if constexpr (V == 4) {
-    const float4 x = __ldcg(reinterpret_cast<const float4*>(p));
-    return Pack<float, V>{{x.x, x.y, x.z, x.w}};
-  } else {
-    return Pack<float, V>{{__ldcg(p)}};
-  }
-}
-
-// One warp per slab: lane 0 takes it if marked, then the warp walks its rows of dK and of dV (L2
-// loads: the backward's CTAs stored them while this ran).
-template <class T, int V>
-__global__ void finish_slabs_kernel(const float* own, const float* acc, T* out, int* state, int64_t slabs,
-                                    int per_head, int rows, int D, int64_t half) {
-  const int64_t slab = (blockIdx.x * int64_t(kThreads) + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (slab >= slabs) return;  // the warp's
-  const int taken = lane == 0 ? atomicCAS(state + slab, 1, 2) == 1 : 0;
-  if (!__shfl_sync(0xffffffffu, taken, 0)) return;
-  __threadfence();  // the slab's stores, marked after them, are visible past the mark
-  const int k0 = static_cast<int>(slab % per_head) * kFinishRows;
-  const int n = min(kFinishRows, rows - k0) * D;
-  const int64_t base = ((slab / per_head) * rows + k0) * D;
-  for (int h = 0; h < 2; ++h)
-    for (int e = lane * V; e < n; e += 32 * V) {
-      const int64_t i = base + h * half + e;
-      const Pack<float, V> x = load_cg<V>(own + i), y = load_cg<V>(acc + i);
-      Pack<T, V> z;
-#pragma unroll
-      for (int k = 0; k < V; ++k) z.v[k] = from_float<T>(x.v[k] + y.v[k]);
-      store<V>(out + i, z);
-    }
-}
-
-__global__ void set_flag_kernel(int* flag, int value) {
-  atomicExch(flag, value);
-  __threadfence();
-}
-
 template <int V>
 __global__ void fill_kernel(float* dst, float value, int64_t n) {
   const int64_t e = (blockIdx.x * int64_t(kThreads) + threadIdx.x) * V;
@@ -346,28 +304,6 @@ void ring_add_round(DType t, const float* a, const float* b, void* dst, int64_t 
       CHECK_LAUNCH("ring add_round_kernel");
     });
   });
-}
-
-void ring_finish_slabs(DType t, const float* own, const float* acc, void* out, int* state, int B, int H_kv, int rows,
-                       int D, cudaStream_t stream) {
-  const int per_head = (rows + kFinishRows - 1) / kFinishRows;
-  const int64_t slabs = int64_t(B) * H_kv * per_head, half = int64_t(B) * H_kv * rows * D;
-  if (slabs == 0 || D == 0) return;
-  const unsigned blocks = static_cast<unsigned>((slabs * 32 + kThreads - 1) / kThreads);
-  DTYPE_SWITCH(t, T, [&] {
-    const bool vec = D % kVec == 0 && aligned(own, kVec * sizeof(float)) && aligned(acc, kVec * sizeof(float)) &&
-                     aligned(out, kVec * sizeof(T));
-    with_vec(vec, [&](auto v) {
-      finish_slabs_kernel<T, v.value><<<blocks, kThreads, 0, stream>>>(own, acc, static_cast<T*>(out), state, slabs,
-                                                                        per_head, rows, D, half);
-      CHECK_LAUNCH("ring finish_slabs_kernel");
-    });
-  });
-}
-
-void ring_set_flag(int* flag, int value, cudaStream_t stream) {
-  set_flag_kernel<<<1, 1, 0, stream>>>(flag, value);
-  CHECK_LAUNCH("ring set_flag_kernel");
 }
 
 void ring_lse_rows(const float* lse, float* dst, int B, int H, int rows, int row0, int S_loc, cudaStream_t stream) {

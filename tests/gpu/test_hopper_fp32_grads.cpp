@@ -7,10 +7,6 @@
 // the entry's dq_finish: bit for bit the 16-bit path's dQ, the accumulator's other rows untouched.
 // And part of the work (BwdParams::tiles_*): two launches of complementary key tiles give the
 // whole launch's fp32 gradients (dQ in a caller's accumulator) bit for bit.
-// And the outputs finished in the kernel (BwdParams::finish, a ring's own block): with the flag
-// set, dK/dV rounded with an accumulator added, bit for bit what ring_add_round makes of the fp32
-// gradients; with it clear, the fp32 gradients with every slab marked, which ring_finish_slabs
-// then completes the same way.
 // Skipped without an sm_90 GPU.
 #include <gtest/gtest.h>
 
@@ -28,7 +24,6 @@
 #include "flashattn/check.h"
 #include "flashattn/device_fill.h"
 #include "flashattn/registry.h"
-#include "flashattn/ring_ops.h"
 #include "gpu_context.h"
 #include "hopper_test_util.h"
 #include "params_build.h"
@@ -218,81 +213,6 @@ TEST_P(HopperFp32Gradients, TileRanges) {
       }
   // Outside the tiles: refused before any work.
   b.tiles_begin = 0, b.tiles_end = tiles + 1;
-  EXPECT_THROW(bwd->bwd(b, u.ctx), RuntimeError);
-}
-
-// BwdParams::finish: dK and dV in one fp32 buffer (dK, then dV: the ring's layout), an
-// accumulator of random values, the outputs in bf16, each slab's state.
-TEST_P(HopperFp32Gradients, FinishInTheKernel) {
-  const KernelMode *fwd = nullptr, *bwd = nullptr;
-  if (const std::string why = why_skip(GetParam(), fwd, bwd); !why.empty()) GTEST_SKIP() << why;
-  Fp32Setup u(query_device(0), *fwd, *bwd, GetParam());
-  const Dims& d = u.prob.dims;
-  const int64_t nk = u.nk, n = 2 * nk;
-  BwdParams& b = u.b;
-  ASSERT_NE(bwd->finishes_gradients, nullptr);
-  ASSERT_TRUE(bwd->finishes_gradients(b));
-  const int per_head = (d.S_k + kFinishRows - 1) / kFinishRows, slabs = d.B * d.H_kv * per_head;
-  DeviceBuffer dq(u.nq * 4), own(n * 4), want(n * 2), out(n * 2), ready(4), state(slabs * 4);
-  DeviceBuffer acc = upload_normal(DType::F32, n, kSeed, 9);
-  b.grads_f32 = true;
-  b.dq = dq.get(), b.dk = own.get(), b.dv = static_cast<float*>(own.get()) + nk;
-  auto launch = [&](bool finish, int flag) {
-    CUDA_CHECK(cudaMemset(dq.get(), 0, u.nq * 4));
-    CUDA_CHECK(cudaMemset(own.get(), 0xff, n * 4));  // NaN: what is not stored
-    CUDA_CHECK(cudaMemset(out.get(), 0xff, n * 2));
-    CUDA_CHECK(cudaMemset(state.get(), 0, slabs * 4));
-    CUDA_CHECK(cudaMemcpy(ready.get(), &flag, 4, cudaMemcpyHostToDevice));
-    b.finish = {};
-    if (finish) {
-      const float* a = static_cast<const float*>(acc.get());
-      b.finish.ready = static_cast<const int*>(ready.get());
-      b.finish.acc_dk = a, b.finish.acc_dv = a + nk;
-      b.finish.out_dk = out.get(), b.finish.out_dv = static_cast<uint16_t*>(out.get()) + nk;
-      b.finish.state = static_cast<int*>(state.get());
-    }
-    bwd->bwd(b, u.ctx);
-  };
-  auto states = [&] {
-    std::vector<int> s(slabs);
-    CUDA_CHECK(cudaMemcpy(s.data(), state.get(), slabs * 4, cudaMemcpyDeviceToHost));
-    return s;
-  };
-  auto expect_bitwise = [&](const DeviceBuffer& x, const char* what) {
-    std::vector<uint16_t> got(n), w(n);
-    CUDA_CHECK(cudaMemcpy(got.data(), x.get(), n * 2, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(w.data(), want.get(), n * 2, cudaMemcpyDeviceToHost));
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], w[i]) << what << ": element " << i << (i < nk ? " of dK" : " of dV");
-  };
-
-  launch(false, 0);  // the fp32 gradients alone, and what the pass after a ring's block makes of them
-  ring_add_round(DType::BF16, static_cast<const float*>(own.get()), static_cast<const float*>(acc.get()), want.get(), n,
-                 u.stream);
-  CUDA_CHECK(cudaStreamSynchronize(u.stream));
-  const std::vector<float> fp32 = download_f32(own, n);
-
-  launch(true, 1);  // ready: every slab finished in the kernel, none stored in fp32 or marked
-  CUDA_CHECK(cudaStreamSynchronize(u.stream));
-  expect_bitwise(out, "finished in the kernel");
-  const std::vector<float> unstored = download_f32(own, n);
-  for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(std::isnan(unstored[i])) << "fp32 element " << i << " stored";
-  for (int s : states()) ASSERT_EQ(s, 0);
-
-  launch(true, 0);  // not ready: the fp32 gradients as without a finish, every slab marked
-  CUDA_CHECK(cudaStreamSynchronize(u.stream));
-  const std::vector<float> stored = download_f32(own, n);
-  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(std::memcmp(&stored[i], &fp32[i], 4), 0) << "fp32 element " << i;
-  for (int s : states()) ASSERT_EQ(s, 1);
-  for (int pass = 0; pass < 2; ++pass) {  // the pass takes every marked slab; a second finds none
-    ring_finish_slabs(DType::BF16, static_cast<const float*>(own.get()), static_cast<const float*>(acc.get()),
-                      out.get(), static_cast<int*>(state.get()), d.B, d.H_kv, d.S_k, d.D, u.stream);
-    CUDA_CHECK(cudaStreamSynchronize(u.stream));
-    expect_bitwise(out, "finished by the pass");
-    for (int s : states()) ASSERT_EQ(s, 2);
-  }
-
-  b.grads_f32 = false;  // a finish needs the fp32 path
-  b.finish.ready = static_cast<const int*>(ready.get());
   EXPECT_THROW(bwd->bwd(b, u.ctx), RuntimeError);
 }
 

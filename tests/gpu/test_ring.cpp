@@ -1,14 +1,14 @@
-// Rings over two GPUs, and a few over three and four (src/ring.h): every kernel that declares
-// partial outputs, forward and backward, causal (zig-zag) and not, GQA, key padding (with an
-// empty and a short sequence), and lengths that 2N does not divide, the backward's gradients in
-// fp32 where the kernel keeps them so and as 16-bit partials, the own block beside the others on
-// a second stream and on one stream, finishing its dK/dV in its kernel where it can (and once
-// not), the forward's last block with the whole GPU and on its per-tile grid, the transfers by
-// NCCL's copy engines (the default on two GPUs) and by its send/recv kernels, checked against the
-// fp64 reference like one-GPU runs, and compared with the same kernel on one GPU. With fewer GPUs
-// than a shape's ranks, the shape as a ring of that many ranks on GPU 0 (`--devices 0,0`,
+// Rings over two GPUs, and a few over three and four (src/ring.h): every kernel that declares partial outputs, forward and
+// backward, causal (zig-zag) and not, GQA, key padding (with an empty and a short sequence), and
+// lengths that 2N does not divide, the backward's gradients in fp32 where the kernel keeps them
+// so and as 16-bit partials, the own block beside the others on a second stream and on one
+// stream, the forward's last block with the whole GPU and on its per-tile grid, the transfers by
+// NCCL's copy engines (the default on two GPUs) and by its send/recv kernels, checked against
+// the fp64 reference like one-GPU runs, and compared with the same kernel on one GPU. With fewer
+// GPUs than a shape's ranks, the shape as a ring of that many ranks on GPU 0 (`--devices 0,0`,
 // ring.h's loopback: the transfers are copies on it, NCCL's registered buffers and copy engines
-// not used). Skipped (with the reason) where no GPU is present or the build has no NCCL.
+// not used). Skipped (with
+// the reason) where no GPU is present or the build has no NCCL.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -42,7 +42,6 @@ struct RingShape {
   const char* tag;
   const char* lend = nullptr;  // FLASHATTN_RING_LEND (the backward of a kernel that can lend; B = 1)
   int ranks = 2;               // GPUs 0..ranks-1 where present, else as many ranks on GPU 0
-  bool no_finish = false;      // FLASHATTN_RING_FINISH=0, not 1: the backward's own block leaves dK/dV to a pass
 };
 
 const RingShape kShapes[] = {
@@ -78,7 +77,6 @@ const RingShape kShapes[] = {
     {3, 2, 2, 200, true, true, false, false, false, false, false, "r3_padding_causal", nullptr, 3},
     {2, 8, 2, 509, false, false, false, false, false, false, false, "r4_gqa8_2_s509", nullptr, 4},
     {1, 4, 4, 509, true, false, true, true, false, false, false, "r4_s509_causal_partial_one_stream", nullptr, 4},
-    {1, 4, 4, 1024, true, false, false, false, false, false, false, "s1024_causal_no_finish", nullptr, 2, true},
 };
 
 struct RingCase {
@@ -169,7 +167,6 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     const ScopedEnv reg("FLASHATTN_RING_REGISTER", s.unregistered, "0");
     const ScopedEnv ce("FLASHATTN_RING_COPY_ENGINE", s.send_recv, "0");
     const ScopedEnv lend("FLASHATTN_RING_LEND", s.lend != nullptr, s.lend ? s.lend : "");
-    const ScopedEnv finish("FLASHATTN_RING_FINISH", true, s.no_finish ? "0" : "1");
     Session session(std::move(in), so);
     const RunRecord r = session.run(*c.entry);
     ASSERT_TRUE(r.ring.has_value());
@@ -208,13 +205,9 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
       EXPECT_TRUE(r.ring->side_stream);
     }
     EXPECT_EQ(r.ring->side_after_first_shard, !forward && r.ring->side_stream && s.H != s.H_kv);
-    const bool can_finish = c.entry->finishes_gradients != nullptr &&
-                            c.entry->finishes_gradients(ring_block_bwd(p, 1, 1, RingCall{}, {}));
-    EXPECT_EQ(r.ring->own_block_finishes, !forward && r.ring->side_stream && can_finish && !s.no_finish);
     std::printf("  [ring%s %s %s D%d %s%s%s] vs one GPU: %s, max abs %.3g; scaling efficiency %.3f\n",
                 loopback ? " on one GPU" : "", c.entry->kernel.c_str(), mode_name(c.entry->mode), c.D, s.tag,
-                r.ring->own_block_finishes ? ", two streams, own block finishing"
-                : r.ring->side_stream      ? ", two streams"
+                r.ring->side_stream        ? ", two streams"
                 : r.ring->last_block_alone ? ", last block alone"
                                            : "",
                 r.ring->copy_engine ? ", copy engine" : "",

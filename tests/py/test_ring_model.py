@@ -151,13 +151,13 @@ def test_report_ring_gives_each_cards_one_gpu_time(tmp_path):
 def test_report_ring_variants_pools_rounds_and_compares_with_the_first(tmp_path):
     import report_ring_variants as rv
 
-    def rec(ms, ends, profiled, lend=None, finishes=False, passed=True):
+    def rec(ms, ends, profiled, lend=None, passed=True):
         return {"kernel": "hopper", "mode": "backward", "status": "ok",
                 "shape": {"B": 1, "H": 32, "H_kv": 32, "S_q": 65536, "S_k": 65536, "D": 128},
                 "flags": {"causal": True}, "timing": {"median_ms": ms}, "check": {"passed": passed},
                 "ring": {"size": 2, "scaling_efficiency": 150.0 / (2 * ms), "profiled_ms": profiled,
                          "per_gpu": [{"device": 0, "blocks_ms": ends[0]}, {"device": 1, "blocks_ms": ends[1]}],
-                         "lend": lend, "own_block_finishes": finishes}}
+                         "lend": lend}}
     files = {}
     for name, rounds in {"base": [rec(78.0, (76.0, 77.0), 77.8), rec(78.4, (76.2, 77.4), 78.2)],
                          "lend": [rec(77.0, (76.6, 76.5), 77.4, {"rank": 1, "kv_heads": 0.25, "auto": True}),
@@ -172,10 +172,10 @@ def test_report_ring_variants_pools_rounds_and_compares_with_the_first(tmp_path)
     assert failed == 1 and [n for n, _ in variants] == ["base", "lend"]
     lines = rv.table(variants).splitlines()
     assert lines[2].startswith("| B1 H32 S65536 D128 causal | backward | base | 78.000, 78.400 | 0.962, 0.957 | "
-                               "78.200 | 1.000× | 76.20 / 77.40 | 0.800 | – | no |")
+                               "78.200 | 1.000× | 76.20 / 77.40 | 0.800 | – |")
     # the failed third round is left out: the median of 77.0 and 77.2
     assert lines[3].startswith("| B1 H32 S65536 D128 causal | backward | lend | 77.000, 77.200 |")
-    assert "| 77.100 | 1.014× | 76.70 / 76.60 | 0.800 | rank 1: 0.25 kv heads (auto) | no |" in lines[3]
+    assert "| 77.100 | 1.014× | 76.70 / 76.60 | 0.800 | rank 1: 0.25 kv heads (auto) |" in lines[3]
 
 
 def test_ring_variants_refuses_a_bad_setting_before_any_work():
