@@ -9,7 +9,7 @@ and NAME, in the order the names first appear: each round's median ms and scalin
 the median of the rounds' medians and its ratio against the first NAME's (> 1: faster than the
 first, the same statistic on both sides), and from the last round's profiled repetition when each
 GPU's blocks ended, the tail after the last of them (its passes: what no block hides) and what
-was lent. Runs that failed --check are left out and counted under the table.
+was lent (under FLASHATTN_RING_LEND=auto, with the lag it measured). Runs that failed --check are left out and counted under the table.
 """
 import argparse
 import statistics
@@ -40,12 +40,15 @@ def profile(run):
     ends_text = " / ".join(f"{e:.2f}" for e in ends if e is not None) or "–"
     tail = g["profiled_ms"] - max(ends) if ends and None not in ends and g.get("profiled_ms") else None
     lend = g.get("lend")
+    auto = ""
+    if lend is not None and lend.get("auto"):  # with the gap it measured before the timed loop
+        auto = f" (auto, lag {lend['lag_ms']:.2f} ms)" if lend.get("lag_ms") is not None else " (auto)"
     if lend is None:
         lent = "–"
     elif lend.get("rank") is None:
-        lent = "none (auto)" if lend.get("auto") else "none"
+        lent = "none" + auto
     else:
-        lent = f"rank {lend['rank']}: {lend['kv_heads']:g} kv heads" + (" (auto)" if lend.get("auto") else "")
+        lent = f"rank {lend['rank']}: {lend['kv_heads']:g} kv heads" + auto
     return ends_text, tail, lent
 
 

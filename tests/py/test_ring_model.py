@@ -160,8 +160,8 @@ def test_report_ring_variants_pools_rounds_and_compares_with_the_first(tmp_path)
                          "lend": lend}}
     files = {}
     for name, rounds in {"base": [rec(78.0, (76.0, 77.0), 77.8), rec(78.4, (76.2, 77.4), 78.2)],
-                         "lend": [rec(77.0, (76.6, 76.5), 77.4, {"rank": 1, "kv_heads": 0.25, "auto": True}),
-                                  rec(77.2, (76.7, 76.6), 77.5, {"rank": 1, "kv_heads": 0.25, "auto": True}),
+                         "lend": [rec(77.0, (76.6, 76.5), 77.4, {"rank": 1, "kv_heads": 0.25, "auto": True, "lag_ms": 0.5}),
+                                  rec(77.2, (76.7, 76.6), 77.5, {"rank": 1, "kv_heads": 0.25, "auto": True, "lag_ms": 0.84}),
                                   rec(70.0, (69.0, 69.0), 70.0, passed=False)]}.items():
         for i, r in enumerate(rounds):
             f = tmp_path / f"{name}.r{i}.jsonl"
@@ -175,7 +175,7 @@ def test_report_ring_variants_pools_rounds_and_compares_with_the_first(tmp_path)
                                "78.200 | 1.000× | 76.20 / 77.40 | 0.800 | – |")
     # the failed third round is left out: the median of 77.0 and 77.2
     assert lines[3].startswith("| B1 H32 S65536 D128 causal | backward | lend | 77.000, 77.200 |")
-    assert "| 77.100 | 1.014× | 76.70 / 76.60 | 0.800 | rank 1: 0.25 kv heads (auto) |" in lines[3]
+    assert "| 77.100 | 1.014× | 76.70 / 76.60 | 0.800 | rank 1: 0.25 kv heads (auto, lag 0.84 ms) |" in lines[3]  # the last round's
 
 
 def test_ring_variants_refuses_a_bad_setting_before_any_work():
