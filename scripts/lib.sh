@@ -62,3 +62,19 @@ check_hopper_sass() {
   done
   return $rc
 }
+
+# The ring scripts' (ring_bench.sh, ring_variants.sh) common part: NVLink multicast off, and the
+# settings both take (build, preset, kernel, devices) from their variables or defaults.
+ring_settings() {
+  export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off
+  build=${FLASHATTN_BUILD_DIR:-build-gpu}
+  preset=${RING_PRESET:-scripts/presets/ring.json}
+  kernel=${RING_KERNEL:-hopper}
+  devices=${RING_DEVICES:-0,1}
+}
+
+# ring_build TARGET...: those targets into $build (Release, configured where it is not yet), -j16.
+ring_build() {
+  [ -f "$build/CMakeCache.txt" ] || cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build "$build" -j16 --target "$@" >/dev/null
+}

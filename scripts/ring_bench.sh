@@ -15,21 +15,17 @@
 # build-gpu), incrementally. Writes $RING_OUT/{ours,peers}.jsonl, and table.md and model.md once
 # both are there.
 set -euo pipefail
-export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-build=${FLASHATTN_BUILD_DIR:-build-gpu}
-preset=${RING_PRESET:-scripts/presets/ring.json}
-kernel=${RING_KERNEL:-hopper}
-devices=${RING_DEVICES:-0,1}
+source scripts/lib.sh
+ring_settings  # NCCL_NVLS_ENABLE=0; build, preset, kernel, devices
 out=${RING_OUT:-results/ring}
 only=${RING_ONLY:-}
 cards=${RING_CARDS:-0}
 case "$only" in "" | ours | peers) ;; *) echo "ring_bench: RING_ONLY must be ours or peers, got '$only'" >&2; exit 2 ;; esac
 n=$(awk -F, '{print NF}' <<<"$devices")
 
-[ -f "$build/CMakeCache.txt" ] || cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" -j16 --target flashattn flashattn_capi >/dev/null
+ring_build flashattn flashattn_capi
 mkdir -p "$out"
 if [ "$only" != peers ]; then
   rm -f "$out/ours.jsonl"

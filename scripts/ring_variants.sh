@@ -11,13 +11,10 @@
 # set. Builds flashattn (Release, -j16) into $FLASHATTN_BUILD_DIR (default build-gpu),
 # incrementally. Writes $RING_OUT/NAME.rI.jsonl and $RING_OUT/table.md.
 set -euo pipefail
-export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-build=${FLASHATTN_BUILD_DIR:-build-gpu}
-preset=${RING_PRESET:-scripts/presets/ring.json}
-kernel=${RING_KERNEL:-hopper}
-devices=${RING_DEVICES:-0,1}
+source scripts/lib.sh
+ring_settings  # NCCL_NVLS_ENABLE=0; build, preset, kernel, devices
 mode=${RING_MODE:-both}
 rounds=${RING_ROUNDS:-2}
 out=${RING_OUT:-results/ring_variants}
@@ -39,8 +36,7 @@ for s in "${settings[@]}"; do
   names+=("$name")
 done
 
-[ -f "$build/CMakeCache.txt" ] || cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" -j16 --target flashattn >/dev/null
+ring_build flashattn
 mkdir -p "$out"
 args=()
 for ((r = 1; r <= rounds; r++)); do
