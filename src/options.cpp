@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "flashattn/error.h"
+#include "ring_plan.h"
 
 namespace flashattn {
 
@@ -103,7 +104,7 @@ std::vector<int> parse_devices(const std::string& s) {
   }
   if (ids.size() < 2) throw InputError("--devices: '" + s + "' names one GPU; a ring needs two or more (one GPU: --device)");
   // A GPU per rank, or one GPU for every rank (0,0: ring.h's loopback), nothing between.
-  if (std::count(ids.begin(), ids.end(), ids[0]) == int(ids.size())) return ids;
+  if (ring_one_gpu_for_all(ids)) return ids;
   for (size_t i = 1; i < ids.size(); ++i)
     if (std::find(ids.begin(), ids.begin() + i, ids[i]) != ids.begin() + i)
       throw InputError("--devices: device " + std::to_string(ids[i]) + " is listed twice in '" + s +

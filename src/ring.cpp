@@ -182,7 +182,7 @@ Ring::Ring(std::vector<int> devices) : impl_(std::make_unique<Impl>()) {
   s.devs.resize(s.ids.size());
   std::vector<ncclComm_t> comms(s.ids.size());
   // One GPU listed for every rank: the loopback (ring_impl.h), no communicator.
-  s.loopback = std::count(s.ids.begin(), s.ids.end(), s.ids[0]) == s.world;
+  s.loopback = ring_one_gpu_for_all(s.ids);
   s.ce_comms = !s.loopback && ce_wanted(s.world);
   if (s.ce_comms) {  // ncclCommInitAll's communicators, with the zero-CTA policy
 #if FLASHATTN_RING_HAVE_CE

@@ -102,6 +102,11 @@ inline int ring_lend_tiles(double lag_ms, double tile_ms, int max_tiles) {
   return tiles >= max_tiles ? max_tiles : static_cast<int>(tiles);
 }
 
+// Whether a ring's device list names one GPU for every rank (`--devices 0,0`: ring.h's loopback).
+inline bool ring_one_gpu_for_all(const std::vector<int>& ids) {
+  return !ids.empty() && std::count(ids.begin(), ids.end(), ids[0]) == static_cast<long>(ids.size());
+}
+
 // One GPU playing every rank (ring.h's loopback): a group's point-to-point transfers, paired as
 // NCCL pairs them: the k-th send from rank a to rank b meets the k-th receive that b posted from
 // a. For each send, the index of its receive; where a send meets no receive or one of another
