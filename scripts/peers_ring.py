@@ -3,14 +3,17 @@
 
     torchrun --standalone --nproc-per-node 2 scripts/peers_ring.py --sweep scripts/presets/ring.json \\
         [--backend cudnn|flash] [--mode forward|backward|both] [--warmup 2] [--repeat 5] \\
-        [--capi PATH] --json FILE.jsonl
+        [--ring-baseline each|first] [--capi PATH] --json FILE.jsonl
 
 Each point of the preset (its B, H, H_kv, S, D, dtype, causal; the modes of --mode or the preset)
 runs `torch.distributed.tensor.experimental.context_parallel` around
 `F.scaled_dot_product_attention` with the chosen SDPA backend, Q/K/V (and dO) sharded along the
 sequence by PyTorch (its load-balanced sharding under causal), every rank one GPU. The same point
 also runs unsharded on rank 0's GPU alone, for PyTorch's scaling efficiency = T(one GPU) /
-(N * T(ring)); rank 0 compares the two outputs (max abs difference).
+(N * T(ring)); rank 0 compares the two outputs (max abs difference). With --ring-baseline each
+(the default) every other rank then runs it alone on its own GPU in turn, and the record adds
+each rank's time and the efficiency against the cards' combined rate (`one_gpu_per_rank`,
+`scaling_efficiency_cards`, as flashattn's).
 
 Timing: the inputs are N(0, 1) from flashattn's generator (--seed), made once per point. Every rank
 runs the same fixed number of repetitions (each is a set of collectives between the ranks: a
@@ -24,7 +27,8 @@ point is timed without the hold (`timing.held` false, and a note says so). Backw
 0; per-GPU TFLOP/s = the point's FLOPs (flashattn's convention) / N / median.
 
 Writes one session document per point (flashattn's schema: kernel `torch-cp-<backend>`, a `ring`
-object with `size`, `per_gpu`, `one_gpu_median_ms`, `scaling_efficiency`, `max_abs_vs_one_gpu`),
+object with `size`, `per_gpu`, `one_gpu_median_ms`, `scaling_efficiency`, `one_gpu_per_rank`,
+`scaling_efficiency_cards`, `max_abs_vs_one_gpu`),
 JSON Lines, from rank 0. Needs NCCL, two or more GPUs and PyTorch with
 torch.distributed.tensor.experimental; NCCL_NVLS_ENABLE=0 is set before the process group starts.
 """
@@ -41,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers_capi  # noqa: E402
 import peers  # noqa: E402  (flashattn's generator, as peers.py fills its tensors)
 from peers import load_sweep  # noqa: E402  (flashattn --sweep's presets, read as peers.py reads them)
-from ring_model import flops, pairs  # noqa: E402
+from ring_model import cards_efficiency, flops, pairs  # noqa: E402
 
 HOLD_TIMEOUT_S = 2.0
 PROBE_TIMEOUT_S = 0.5
@@ -55,6 +59,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ring-baseline", default="each", choices=["each", "first"],
+                    help="the one-GPU run on every rank's GPU in turn (default), or on rank 0's alone")
     ap.add_argument("--capi", help="libflashattn_capi.so (else $FLASHATTN_CAPI, $FLASHATTN_BUILD_DIR, build-gpu/)")
     ap.add_argument("--json", required=True)
     a = ap.parse_args()
@@ -144,20 +150,27 @@ def main():
                 print(f"[{datetime.datetime.now():%H:%M:%S}] {mode} B{B} H{H}/{Hkv} S{S} D{D}{' causal' if causal else ''}",
                       file=sys.stderr, flush=True)
             try:
-                # One GPU, unsharded (rank 0; the others wait at the barrier).
+                # One GPU, unsharded: rank 0's, whose outputs the ring's are compared with, then
+                # (--ring-baseline each) every other rank's on its own GPU in turn, the others
+                # waiting at the barrier.
                 one_ms, ref = None, None
-                if rank == 0:
-                    with sdpa_kernel(backend):
-                        fn = run(*full, causal, mode, gqa)
-                        ref = fn()
-                        ref = [r.detach().clone() for r in (ref if isinstance(ref, tuple) else (ref,))]
-                        s1, _, _ = timed(fn)
-                    one_ms = statistics.median(s1)
-                    if mode == "backward":  # the same subtraction as the ring's, on one GPU
-                        one_ms -= times.get("one_forward", 0.0)
-                    else:
-                        times["one_forward"] = one_ms
-                dist.barrier()
+                for turn in range(world if a.ring_baseline == "each" else 1):
+                    if rank == turn:
+                        with sdpa_kernel(backend):
+                            fn = run(*full, causal, mode, gqa)
+                            got = fn()
+                            if rank == 0:
+                                ref = [r.detach().clone() for r in (got if isinstance(got, tuple) else (got,))]
+                            del got
+                            s1, _, _ = timed(fn)
+                        one_ms = statistics.median(s1)
+                        if mode == "backward":  # the same subtraction as the ring's, on one GPU
+                            one_ms -= times.get("one_forward", 0.0)
+                        else:
+                            times["one_forward"] = one_ms
+                    dist.barrier()
+                per_rank = [None] * world
+                dist.all_gather_object(per_rank, one_ms)
                 if hasattr(cp_options, "enable_load_balance"):  # PyTorch balances causal rings only
                     cp_options.enable_load_balance = causal
                 shards = [t.detach().clone() for t in full]
@@ -186,6 +199,10 @@ def main():
                                                for i in range(world)],
                                    "one_gpu_median_ms": one_ms, "scaling_efficiency": one_ms / (world * median),
                                    "max_abs_vs_one_gpu": diff}
+                    if all(per_rank):
+                        rec["ring"]["one_gpu_per_rank"] = [{"rank": i, "device": i, "median_ms": t}
+                                                           for i, t in enumerate(per_rank)]
+                        rec["ring"]["scaling_efficiency_cards"] = cards_efficiency(per_rank, median)
                     if mode == "backward":
                         rec["notes"].append("backward = median(forward + backward) - median(forward), on the ring "
                                             "and on one GPU alike")

@@ -1,24 +1,28 @@
 #!/usr/bin/env python3
 """Rings side by side: flashattn's (--devices) against PyTorch's context parallelism (peers_ring.py).
 
-    report_ring.py OURS.jsonl PEERS.jsonl [--kernel hopper] [--cards CARD0.jsonl CARD1.jsonl ...]
+    report_ring.py OURS.jsonl PEERS.jsonl [--kernel hopper]
 
 One row per (shape, mask) and mode, plus `both` (forward + backward medians added, each side):
 median ms of both rings, ratio = PyTorch's median / ours (> 1: ours faster, the same statistic on
-both sides), per-GPU TFLOP/s, and each side's scaling efficiency (T(one GPU) / (N * T(ring)),
-each measured against its own one-GPU run), and our mean SM clock on the ring and on one GPU
-where the records have both (two loaded GPUs may each run slower than one alone), and which of our
-GPUs ended its blocks last in the profiled repetition and by how much after the first (a ring waits
-for its slowest GPU: the shards' work is level, the cards are not quite). With --cards (the same
-preset run by our kernel on one GPU, once on each card of the ring in ring order: ring_bench.sh's
-RING_CARDS=1), a last column gives each card's one-GPU median, which tells a slower card from a
-slower ring. The ratio and the
-efficiencies have three decimals, so that one at a target's edge (1.05, 0.95) reads as it is. Rows of ours
-that did not pass --check are left out.
+both sides), per-GPU TFLOP/s, and each side's scaling efficiency twice: T(one GPU) / (N * T(ring))
+on its first GPU's one-GPU run, and against the combined rate of every rank's card alone
+(`scaling_efficiency_cards`: the same for cards alike, and not tied to which card is listed
+first; "–" where a record lacks the per-rank times, --ring-baseline first or an older record);
+then our mean SM clock on the ring and on one GPU where the records have both (two loaded GPUs may
+each run slower than one alone), which of our GPUs ended its blocks last in the profiled
+repetition and by how much after the first (a ring waits for its slowest GPU: the shards' work is
+level, the cards are not quite), and each of our ranks' card alone (ms), which tells a slower
+card from a slower ring. The ratio and the efficiencies have three decimals, so that one at a
+target's edge (1.05, 0.95) reads as it is. Rows of ours that did not pass --check are left out.
 """
 import argparse
 import json
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ring_model import cards_efficiency  # noqa: E402
 
 
 def parse_docs(text):
@@ -29,14 +33,13 @@ def parse_docs(text):
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def rows_of(docs, kernel=None, ring=True):
-    """{(B, H, H_kv, S, D, causal): {mode: run}} of the ring runs in `docs` (ring=False: the
-    one-GPU runs), of `kernel` only if given, those that failed --check left out; and how many
-    were left out so."""
+def rows_of(docs, kernel=None):
+    """{(B, H, H_kv, S, D, causal): {mode: run}} of the ring runs in `docs`, of `kernel` only if
+    given, those that failed --check left out; and how many were left out so."""
     rows, failed = {}, 0
     for d in docs:
         for r in d.get("runs", []):
-            if r.get("status") != "ok" or bool(r.get("ring")) != ring or (kernel and r["kernel"] != kernel):
+            if r.get("status") != "ok" or not r.get("ring") or (kernel and r["kernel"] != kernel):
                 continue
             if r.get("check") is not None and not (r["check"] or {}).get("passed", True):
                 failed += 1
@@ -47,33 +50,25 @@ def rows_of(docs, kernel=None, ring=True):
     return rows, failed
 
 
-def load(path, kernel=None, ring=True):
+def load(path, kernel=None):
     """rows_of the file at `path`: JSON lines or one JSON document (a sweep's --json)."""
     with open(path) as f:
-        return rows_of(parse_docs(f.read()), kernel, ring)[0]
+        return rows_of(parse_docs(f.read()), kernel)[0]
 
 
-def load_card(path, kernel=None):
-    """{(shape key): {mode: median ms}} of one card's one-GPU runs (checked ones only)."""
-    return {key: {m: r["timing"]["median_ms"] for m, r in modes.items()}
-            for key, modes in load(path, kernel, ring=False).items()}
-
-
-def card_times(cards, key, mode):
-    """'52.35 / 53.10': the one-GPU median of `mode` (both: forward + backward) on each card, or '–'."""
-    times = []
-    for c in cards:
-        m = c.get(key, {})
-        t = m.get("forward", 0) + m.get("backward", 0) if mode == "both" and "forward" in m and "backward" in m \
-            else m.get(mode)
-        if t is None:
-            return "–"
-        times.append(f"{t:.2f}")
-    return " / ".join(times) if times else "–"
+def card_ms(runs, mode):
+    """Each rank's card alone (ms) for `mode` (both: forward + backward per card), or None."""
+    if mode == "both":
+        parts = [card_ms(runs, m) for m in ("forward", "backward")]
+        return [f + b for f, b in zip(*parts)] if all(parts) else None
+    per_rank = ((runs.get(mode) or {}).get("ring") or {}).get("one_gpu_per_rank") or []
+    times = [c.get("median_ms") for c in per_rank]
+    return times if times and all(times) else None
 
 
 def summary(runs, mode):
-    """(median ms, per-GPU TFLOP/s, scaling efficiency) of one mode, or of both added."""
+    """(median ms, per-GPU TFLOP/s, scaling efficiency on the first GPU, against the cards) of one
+    mode, or of both added."""
     if mode == "both":
         if "forward" not in runs or "backward" not in runs:
             return None
@@ -83,13 +78,14 @@ def summary(runs, mode):
         ms = parts[0][0] + parts[1][0]
         n = runs["forward"]["ring"]["size"]
         eff = sum(one) / (n * ms) if all(one) else None
-        return ms, sum(f) / n / (ms * 1e-3) / 1e12, eff
+        return ms, sum(f) / n / (ms * 1e-3) / 1e12, eff, cards_efficiency(card_ms(runs, mode), ms)
     if mode not in runs:
         return None
     r = runs[mode]
     n = r["ring"]["size"]
-    return r["timing"]["median_ms"], r["throughput"]["flops"] / n / (r["timing"]["median_ms"] * 1e-3) / 1e12, \
-        r["ring"].get("scaling_efficiency")
+    ms = r["timing"]["median_ms"]
+    return ms, r["throughput"]["flops"] / n / (ms * 1e-3) / 1e12, r["ring"].get("scaling_efficiency"), \
+        cards_efficiency(card_ms(runs, mode), ms)
 
 
 def clocks(runs, mode):
@@ -112,10 +108,11 @@ def last_gpu(runs, mode):
     return f"GPU {last[1]} +{100 * (last[0] / first[0] - 1):.1f} %"
 
 
-def table(ours, peers, cards=None):
+def table(ours, peers):
     head = ("| shape | mode | ours ms | PyTorch ms | × | ours TFLOP/s per GPU | PyTorch TFLOP/s per GPU | "
-            "ours efficiency | PyTorch efficiency | ours MHz ring / one GPU | ours last GPU |")
-    out = [head + (" ours one GPU by card, ms |" if cards else ""), "|---" * (12 if cards else 11) + "|"]
+            "ours efficiency | PyTorch efficiency | ours efficiency, cards | PyTorch efficiency, cards | "
+            "ours MHz ring / one GPU | ours last GPU | ours one GPU by rank's card, ms |")
+    out = [head, "|---" * 14 + "|"]
     fmt = lambda x, p: "–" if x is None else f"{x:.{p}f}"  # noqa: E731
     for key in sorted(ours):
         if key not in peers:
@@ -126,9 +123,11 @@ def table(ours, peers, cards=None):
             a, b = summary(ours[key], mode), summary(peers[key], mode)
             if not a or not b:
                 continue
+            cards = card_ms(ours[key], mode)
             out.append(f"| {shape} | {mode} | {a[0]:.3f} | {b[0]:.3f} | {b[0] / a[0]:.3f}× | {a[1]:.0f} | {b[1]:.0f} | "
-                       f"{fmt(a[2], 3)} | {fmt(b[2], 3)} | {clocks(ours[key], mode)} | {last_gpu(ours[key], mode)} |"
-                       + (f" {card_times(cards, key, mode)} |" if cards else ""))
+                       f"{fmt(a[2], 3)} | {fmt(b[2], 3)} | {fmt(a[3], 3)} | {fmt(b[3], 3)} | "
+                       f"{clocks(ours[key], mode)} | {last_gpu(ours[key], mode)} | "
+                       f"{' / '.join(f'{t:.2f}' for t in cards) if cards else '–'} |")
     return "\n".join(out)
 
 
@@ -137,13 +136,11 @@ def main(argv=None):
     ap.add_argument("ours")
     ap.add_argument("peers")
     ap.add_argument("--kernel", help="only this kernel of ours (default: every ring run)")
-    ap.add_argument("--cards", nargs="+", help="our one-GPU runs of the preset, one file per card in ring order")
     a = ap.parse_args(argv)
     ours, peers = load(a.ours, a.kernel), load(a.peers)
     if not ours or not peers:
         sys.exit("report_ring.py: no ring run in " + (a.ours if not ours else a.peers))
-    cards = [load_card(c, a.kernel) for c in a.cards] if a.cards else None
-    print(table(ours, peers, cards))
+    print(table(ours, peers))
     return 0
 
 

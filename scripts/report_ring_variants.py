@@ -5,7 +5,8 @@
 
 Each FILE is one run's --json (JSON lines or one document) under the setting NAME; a NAME given
 several times pools its files (its rounds, in the order given). One row per (shape, mask), mode
-and NAME, in the order the names first appear: each round's median ms and scaling efficiency,
+and NAME, in the order the names first appear: each round's median ms and scaling efficiency (on
+the first GPU's one-GPU time; in parentheses against the cards' combined rate, where recorded),
 the median of the rounds' medians and its ratio against the first NAME's (> 1: faster than the
 first, the same statistic on both sides), and from the last round's profiled repetition when each
 GPU's blocks ended, the tail after the last of them (its passes: what no block hides) and what
@@ -52,6 +53,13 @@ def profile(run):
     return ends_text, tail, lent
 
 
+def efficiency(ring):
+    """'0.947', or '0.947 (0.953)' with the efficiency against the ring's cards."""
+    first, cards = ring.get("scaling_efficiency"), ring.get("scaling_efficiency_cards")
+    text = "–" if first is None else f"{first:.3f}"
+    return text if cards is None else f"{text} ({cards:.3f})"
+
+
 def table(variants):
     keys = []
     for _, rounds in variants:
@@ -69,12 +77,12 @@ def table(variants):
                 if not runs:
                     continue
                 ms = [r["timing"]["median_ms"] for r in runs]
-                eff = [r["ring"].get("scaling_efficiency") for r in runs]
+                eff = [efficiency(r["ring"]) for r in runs]
                 med = statistics.median(ms)
                 first = med if first is None else first
                 ends, tail, lent = profile(runs[-1])
                 out.append(f"| {shape} | {mode} | {name} | {', '.join(f'{x:.3f}' for x in ms)} | "
-                           f"{', '.join('–' if e is None else f'{e:.3f}' for e in eff)} | {med:.3f} | "
+                           f"{', '.join(eff)} | {med:.3f} | "
                            f"{first / med:.3f}× | {ends} | {'–' if tail is None else f'{tail:.3f}'} | {lent} |")
     return "\n".join(out)
 

@@ -73,6 +73,16 @@ def flops(mode, B, H, D, P):
     return f * 2.5 if mode == "backward" else f
 
 
+def cards_efficiency(one_gpu_ms, ring_ms):
+    """Scaling efficiency against the ring's cards (flashattn's ring_cards_efficiency): each
+    rank's card alone takes one_gpu_ms[r]; together, each doing the share its speed allows, they
+    would take 1 / sum(1 / t); that over the ring's time. T(one GPU) / (N T(ring)) for cards
+    alike, and not tied to which card is listed first. None where a time is missing."""
+    if not one_gpu_ms or not ring_ms or any(not t or t <= 0 for t in one_gpu_ms):
+        return None
+    return 1.0 / (sum(1.0 / t for t in one_gpu_ms) * ring_ms)
+
+
 class Rate:
     """R(P) = r_max * P / (P + p_half), fitted through (P, TFLOP/s) points."""
 

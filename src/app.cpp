@@ -429,6 +429,7 @@ int run_forward_backward(const AppOptions& opt) {
   so.device = dev.device;
   so.devices = opt.devices;
   so.ring_process = {opt.ring_rank, opt.ring_size, opt.ring_id};
+  so.ring_baseline_each = opt.ring_baseline_each;
   so.timing = timing_options(opt);
   so.cpu_timing.warmup = std::min(opt.timing.warmup, 1);
   so.cpu_timing.repeat = std::min(opt.timing.repeat, 3);

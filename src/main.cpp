@@ -112,6 +112,9 @@ int main(int argc, char** argv) {
   app.add_option("--ring-id", opt.ring_id,
                  "File through which the ring's processes share NCCL's unique id: rank 0 creates it (a new path per "
                  "launch), the others wait for it");
+  app.add_option("--ring-baseline", words.ring_baseline,
+                 "A ring's one-GPU runs: each (every card of the ring in turn; the efficiency against their combined "
+                 "rate too) or first (the first GPU alone); default each");
   app.add_option("--threads", opt.threads, "Threads for the cpu kernel and the reference (0 = all)")
       ->capture_default_str()
       ->check(int_range(0, 4096));

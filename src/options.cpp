@@ -132,6 +132,12 @@ void type_options(const OptionWords& words, AppOptions* opt) {
       throw InputError("--ring-rank: " + std::to_string(opt->ring_rank) + " is not in 0.." + std::to_string(opt->ring_size - 1));
     if (!opt->devices.empty()) throw InputError("--ring-rank: conflicts with --devices (one process drives every GPU)");
   }
+  if (!words.ring_baseline.empty()) {
+    if (words.ring_baseline != "each" && words.ring_baseline != "first")
+      throw InputError("--ring-baseline: '" + words.ring_baseline + "' is not one of each, first");
+    if (!ring_given && opt->devices.empty()) throw InputError("--ring-baseline: only with --devices or --ring-rank (a ring)");
+    opt->ring_baseline_each = words.ring_baseline == "each";
+  }
 
   if (opt->timing.warmup < 0) throw InputError("--warmup: must be >= 0");
   if (opt->timing.repeat < 1) throw InputError("--repeat: must be >= 1");

@@ -78,6 +78,9 @@ struct AppOptions {
   // (one GPU each, --device), the NCCL unique id exchanged through FILE. ring_size 0: none.
   int ring_rank = 0, ring_size = 0;
   std::string ring_id;
+  // --ring-baseline each|first: a ring's one-GPU runs on every card of it (default), or on the
+  // first alone (SessionOptions::ring_baseline_each).
+  bool ring_baseline_each = true;
   int threads = 0;
   bool deterministic = false;
   bool allow_nonfinite = false;  // run even when an input holds NaN or Inf (else exit 2)
@@ -91,7 +94,7 @@ struct AppOptions {
 struct OptionWords {
   std::string mode = "forward";
   bool mode_given = false;
-  std::string window, dtype, layout, devices;
+  std::string window, dtype, layout, devices, ring_baseline;
   bool ring_rank_given = false;
 };
 

@@ -180,6 +180,11 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
                          {"blocks_ms", i < g.blocks_ms.size() ? num(g.blocks_ms[i]) : json(nullptr)},
                          {"blocks", blocks}});
     }
+    json cards = json::array();
+    for (const RingRecord::CardTime& c : g.one_gpu_per_rank)
+      cards.push_back({{"rank", c.rank}, {"device", c.device}, {"median_ms", opt_num(c.median_ms)},
+                       {"sm_clock_mean_mhz", opt_num(c.clock_mean_mhz)},
+                       {"skipped", c.skipped.empty() ? json(nullptr) : json(c.skipped)}});
     json vs = json::array();
     for (const RingRecord::VsOneGpu& d : g.vs_one_gpu)
       vs.push_back({{"name", d.name}, {"max_abs", num(d.max_abs)}, {"rel_l2", num(d.rel_l2)},
@@ -212,6 +217,8 @@ json run_json(const ReportHeader& h, const RunRecord& r) {
                  {"one_gpu_sm_clock_mean_mhz", opt_num(g.one_gpu_clock_mean_mhz)},
                  {"one_gpu_skipped", g.one_gpu_skipped},
                  {"scaling_efficiency", opt_num(g.scaling_efficiency)},
+                 {"one_gpu_per_rank", cards},
+                 {"scaling_efficiency_cards", opt_num(g.scaling_efficiency_cards)},
                  {"max_abs_vs_one_gpu", opt_num(g.max_abs_vs_one_gpu())},
                  {"vs_one_gpu", vs},
                  {"bitwise_vs_one_gpu", g.bitwise_vs_one_gpu}};

@@ -71,6 +71,7 @@ void Ring::prepare(const KernelMode&, const RunInputs&, bool) {}
 void Ring::poison_outputs() {}
 void Ring::enqueue(cudaStream_t, bool) {}
 KernelOutputs Ring::gather() const { return {}; }
+std::vector<double> Ring::share(const std::vector<double>& values) const { return values; }
 RingProfile Ring::profile(cudaStream_t) { return {}; }
 std::vector<double> Ring::flops_per_device() const { return {}; }
 size_t Ring::bytes_per_device() const { return 0; }
@@ -411,6 +412,28 @@ KernelOutputs Ring::gather() const {
       s.unshard(from[r], 0, pc.t, pc.heads, pc.D, pc.lse_like, ring_shard(dm.S_q, s.n(), r), &**pc.out);
   }
   return out;
+}
+
+std::vector<double> Ring::share(const std::vector<double>& values) const {
+  const Impl& s = *impl_;
+  if (!s.multi) return values;
+  const Impl::Dev& d = s.devs[0];
+  s.use(d);
+  const size_t bytes = values.size() * sizeof(double);
+  std::vector<double> all(values.size() * size_t(s.n()));
+  if (bytes == 0) return all;
+  DeviceBuffer buf(bytes * size_t(s.n()));
+  CUDA_CHECK(cudaMemcpy(at(buf, int64_t(bytes) * d.rank), values.data(), bytes, cudaMemcpyHostToDevice));
+  NCCL_CHECK(ncclGroupStart());
+  for (int r = 0; r < s.n(); ++r) {
+    if (r == d.rank) continue;
+    NCCL_CHECK(ncclSend(at(buf, int64_t(bytes) * d.rank), bytes, ncclUint8, r, d.nccl, d.comm));
+    NCCL_CHECK(ncclRecv(at(buf, int64_t(bytes) * r), bytes, ncclUint8, r, d.nccl, d.comm));
+  }
+  NCCL_CHECK(ncclGroupEnd());
+  CUDA_CHECK(cudaStreamSynchronize(d.comm));
+  CUDA_CHECK(cudaMemcpy(all.data(), buf.get(), bytes * size_t(s.n()), cudaMemcpyDeviceToHost));
+  return all;
 }
 
 double Ring::Impl::block_flops(const RingCall& c) const {

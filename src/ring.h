@@ -116,6 +116,10 @@ class Ring {
   // across processes every rank must call it (the shards go to rank 0), and only the root's
   // result holds anything.
   KernelOutputs gather() const;
+  // Every rank's `values` (the same count on each), in rank order. Across processes every rank
+  // must call it, and none returns before all have: the ranks can take turns by it. One process:
+  // `values` as given.
+  std::vector<double> share(const std::vector<double>& values) const;
   // One repetition with timing events on every stream (after the timed loop).
   RingProfile profile(cudaStream_t stream0);
   // Attention FLOPs each GPU computes (the blocks its steps run), in the problem's counting.

@@ -107,6 +107,22 @@ inline bool ring_one_gpu_for_all(const std::vector<int>& ids) {
   return !ids.empty() && std::count(ids.begin(), ids.end(), ids[0]) == static_cast<long>(ids.size());
 }
 
+// A ring's scaling efficiency against its own cards: `one_gpu_ms[r]` is the kernel's time alone
+// on rank r's card. Cards that differ (under a power cap they do, by a few per cent) could finish
+// the problem together, each doing the share its speed allows, in 1 / sum(1 / one_gpu_ms[r]): the
+// efficiency is that over the ring's time. For cards alike it is T(one GPU) / (N T(ring)); unlike
+// that formula on one card's time it does not change with the order the cards are listed in.
+// -1 where a time is missing (not positive).
+inline double ring_cards_efficiency(const std::vector<double>& one_gpu_ms, double ring_ms) {
+  if (one_gpu_ms.empty() || !(ring_ms > 0)) return -1;
+  double rate = 0;
+  for (double t : one_gpu_ms) {
+    if (!(t > 0)) return -1;
+    rate += 1.0 / t;
+  }
+  return 1.0 / (rate * ring_ms);
+}
+
 // One GPU playing every rank (ring.h's loopback): a group's point-to-point transfers, paired as
 // NCCL pairs them: the k-th send from rank a to rank b meets the k-th receive that b posted from
 // a. For each send, the index of its receive; where a send meets no receive or one of another

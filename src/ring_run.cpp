@@ -153,6 +153,16 @@ std::string ring_note(const RingRecord& g, double median_ms) {
   } else if (!g.one_gpu_skipped.empty()) {
     s += "; one GPU not run: " + g.one_gpu_skipped;
   }
+  if (g.scaling_efficiency_cards > 0) {
+    std::string each;
+    for (const RingRecord::CardTime& c : g.one_gpu_per_rank) {
+      std::snprintf(buf, sizeof buf, "%s%.4g", each.empty() ? "" : " / ", c.median_ms);
+      each += buf;
+    }
+    std::snprintf(buf, sizeof buf, "; each rank's card alone %s ms, scaling efficiency %.3f against their combined rate",
+                  each.c_str(), g.scaling_efficiency_cards);
+    s += buf;
+  }
   if (g.max_abs_vs_one_gpu() >= 0) {
     std::snprintf(buf, sizeof buf, "; outputs vs one GPU: %s (max abs %.3g)",
                   g.bitwise_vs_one_gpu ? "bitwise identical" : "differ", g.max_abs_vs_one_gpu());

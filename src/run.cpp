@@ -18,6 +18,7 @@
 #include "gpu_context.h"
 #include "params_build.h"
 #include "ring.h"
+#include "ring_plan.h"
 #include "run_check.h"
 #include "stopwatch.h"
 
@@ -412,17 +413,81 @@ struct Session::Impl {
       for (double f : ring->flops_per_device())
         info->tflops_per_gpu.push_back(r.timing.median_ms > 0 ? f / (r.timing.median_ms * 1e-3) / 1e12 : 0);
     }
-    *one_gpu_ms = -1;
-    if (!ring->root()) return r;  // the root compares and checks
-    try {
-      GpuRun one = run_gpu(e, timed);
-      if (timed) *one_gpu_ms = one.timing.median_ms;
-      info->one_gpu_clock_mean_mhz = one.timing.clock.mean_mhz;
-      compare_ring_outputs(r.out, one.out, info);
-    } catch (const InputError& x) {
-      info->one_gpu_skipped = x.what();
-    }
+    ring_one_gpu_runs(e, timed, r.out, info, one_gpu_ms);
     return r;
+  }
+
+  // The same kernel on one GPU alone, timed the same way: on the root's GPU, whose outputs the
+  // ring's are compared with; then (ring_baseline_each, timed runs) on each other card of the
+  // ring in turn, timed only, while the others idle. Across processes the ranks take turns, each
+  // on its own GPU, and share their times.
+  void ring_one_gpu_runs(const KernelMode& e, bool timed, const KernelOutputs& ring_out, RingRecord* info,
+                         double* one_gpu_ms) {
+    *one_gpu_ms = -1;
+    RingRecord::CardTime first(0, opt.device);
+    if (ring->root()) {
+      try {
+        GpuRun one = run_gpu(e, timed);
+        if (timed) *one_gpu_ms = first.median_ms = one.timing.median_ms;
+        info->one_gpu_clock_mean_mhz = first.clock_mean_mhz = one.timing.clock.mean_mhz;
+        compare_ring_outputs(ring_out, one.out, info);
+      } catch (const InputError& x) {
+        info->one_gpu_skipped = first.skipped = x.what();
+      }
+    }
+    if (!opt.ring_baseline_each || !timed) return;
+    const int n = ring->size();
+    if (opt.ring_process.size > 1) {
+      const int me = opt.ring_process.rank;
+      RingRecord::CardTime mine = me == 0 ? first : RingRecord::CardTime(me, opt.device);
+      std::vector<double> all;
+      for (int turn = 0; turn < n; ++turn) {  // each share() waits for every rank: one GPU at a time
+        if (turn == me && me != 0) mine = time_alone(e, this);
+        all = ring->share({double(opt.device), mine.median_ms, mine.clock_mean_mhz});
+      }
+      for (int r = 0; r < n; ++r) {
+        RingRecord::CardTime c(r, int(all[3 * r]), all[3 * r + 1], all[3 * r + 2]);
+        if (r == me) c.skipped = mine.skipped;
+        else if (!(c.median_ms > 0)) c.skipped = "rank " + std::to_string(r) + " could not run it (its own record says why)";
+        info->one_gpu_per_rank.push_back(c);
+      }
+      return;
+    }
+    // One process: each card once, however many ranks it plays (`--devices 0,0`: one).
+    std::vector<RingRecord::CardTime> cards{first};
+    for (int r = 0; r < n; ++r) {
+      const int dev = ring->devices()[r];
+      auto it = std::find_if(cards.begin(), cards.end(), [&](const RingRecord::CardTime& c) { return c.device == dev; });
+      if (it == cards.end()) {
+        SessionOptions o = opt;
+        o.device = dev, o.devices.clear(), o.ring_process = {}, o.check = false;
+        Session other(inputs_for_another_card(), o);
+        cards.push_back(time_alone(e, other.impl_.get()));
+        it = cards.end() - 1;
+      }
+      RingRecord::CardTime c = *it;
+      c.rank = r, c.device = dev;
+      info->one_gpu_per_rank.push_back(c);
+    }
+    CUDA_CHECK(cudaSetDevice(opt.device));
+  }
+
+  // `e` timed alone on session `s`'s GPU (a card of the ring other than the root's).
+  static RingRecord::CardTime time_alone(const KernelMode& e, Impl* s) {
+    RingRecord::CardTime c(0, s->opt.device);
+    try {
+      const GpuRun one = s->run_gpu(e, /*timed=*/true);
+      c.median_ms = one.timing.median_ms, c.clock_mean_mhz = one.timing.clock.mean_mhz;
+    } catch (const InputError& x) {
+      c.skipped = x.what();
+    }
+    return c;
+  }
+
+  // The inputs for a session on another GPU: generated ones from their seed there (the same
+  // values), else a copy of the host arrays.
+  RunInputs inputs_for_another_card() const {
+    return generated() ? generated_inputs(in.problem, *in.generate_seed) : in;
   }
 
   void validate(const KernelMode& e, RunRecord& rec) {
@@ -438,6 +503,13 @@ struct Session::Impl {
     rec.check = checks.check(rec.outputs, e.mode, in, opt);
   }
 };
+
+RunInputs generated_inputs(const Problem& problem, uint64_t seed) {
+  RunInputs in;
+  in.problem = problem;
+  in.generate_seed = seed;
+  return in;
+}
 
 Session::Session(RunInputs inputs, SessionOptions opt) : impl_(std::make_unique<Impl>()) {
   impl_->in = std::move(inputs);
@@ -486,6 +558,11 @@ RunRecord Session::run(const KernelMode& e) {
     info.one_gpu_median_ms = one_gpu_ms;
     if (one_gpu_ms > 0 && rec.timing.median_ms > 0)
       info.scaling_efficiency = one_gpu_ms / (double(info.size) * rec.timing.median_ms);
+    if (int(info.one_gpu_per_rank.size()) == info.size) {
+      std::vector<double> per_rank;
+      for (const RingRecord::CardTime& c : info.one_gpu_per_rank) per_rank.push_back(c.median_ms);
+      info.scaling_efficiency_cards = ring_cards_efficiency(per_rank, rec.timing.median_ms);
+    }
     rec.notes.push_back(ring_note(info, rec.timing.median_ms));
     rec.ring = std::move(info);
     add_timing_notes(rec);

@@ -32,6 +32,9 @@ struct RunInputs {
   std::optional<uint64_t> generate_seed;
 };
 
+// Inputs generated on the device from `seed` (RunInputs::generate_seed), no host arrays.
+RunInputs generated_inputs(const Problem& problem, uint64_t seed);
+
 // This process's place in a ring that spans processes (--ring-rank, --ring-size, --ring-id).
 struct RingProcess {
   int rank = 0;
@@ -52,6 +55,8 @@ struct SessionOptions {
   int cpu_threads = 0;
   uint64_t seed = 0;
   double check_budget_macs = 8e9;  // reference work per mode before rows are sampled
+  // A ring's one-GPU runs: on every card of the ring (--ring-baseline each) or on the first alone.
+  bool ring_baseline_each = true;
 };
 
 struct MemoryStats {
@@ -123,6 +128,20 @@ struct RingRecord {
   double one_gpu_clock_mean_mhz = -1;
   std::string one_gpu_skipped;
   double scaling_efficiency = -1;  // one_gpu_median / (N x ring median)
+  // SessionOptions::ring_baseline_each: the kernel alone on each rank's card in turn (a card once,
+  // whichever ranks it plays), timed the same way; the ring's first GPU is rank 0's. A card that
+  // could not run it has median_ms -1 and the reason.
+  struct CardTime {
+    int rank = 0, device = 0;
+    double median_ms = -1, clock_mean_mhz = -1;
+    std::string skipped;
+    CardTime(int rank_, int device_, double ms = -1, double mhz = -1)
+        : rank(rank_), device(device_), median_ms(ms), clock_mean_mhz(mhz) {}
+  };
+  std::vector<CardTime> one_gpu_per_rank;
+  // Against those cards' combined rate (ring_cards_efficiency, ring_plan.h): the same for cards
+  // alike, and not tied to which card is listed first. -1 without every rank's time.
+  double scaling_efficiency_cards = -1;
   // Whether the ring's outputs and the one-GPU run's are identical bit for bit.
   bool bitwise_vs_one_gpu = false;
   // With --check, every element of each output against the one-GPU run, held to twice the

@@ -136,6 +136,7 @@ std::vector<RunRecord> run_point(const SweepPoint& pt, const Problem& prob, Swee
   so.device = cx->dev.device;
   so.devices = opt.devices;
   so.ring_process = {opt.ring_rank, opt.ring_size, opt.ring_id};
+  so.ring_baseline_each = opt.ring_baseline_each;
   so.timing = cx->timing;
   so.cpu_timing = cx->timing;
   so.cpu_timing.warmup = std::min(cx->timing.warmup, 1);
@@ -144,11 +145,8 @@ std::vector<RunRecord> run_point(const SweepPoint& pt, const Problem& prob, Swee
   so.deterministic = opt.deterministic;
   so.cpu_threads = opt.threads;
   so.seed = opt.seed;
-  RunInputs in;
-  in.problem = prob;
-  in.generate_seed = opt.seed;
   try {
-    Session session(std::move(in), so);
+    Session session(generated_inputs(prob, opt.seed), so);
     for (const auto& [e, idx] : planned) {
       try {
         records[idx] = session.run(*e);

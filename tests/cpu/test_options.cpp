@@ -94,5 +94,33 @@ TEST(Options, DevicesTakeTwoOrMoreDistinctIndicesOrOneForEveryRank) {
   }
 }
 
+TEST(Options, RingBaselineIsEachOrFirstAndNeedsARing) {
+  AppOptions opt;
+  OptionWords words;
+  words.devices = "0,1";
+  type_options(words, &opt);
+  EXPECT_TRUE(opt.ring_baseline_each);  // the default
+  words.ring_baseline = "first";
+  type_options(words, &opt);
+  EXPECT_FALSE(opt.ring_baseline_each);
+  words.ring_baseline = "each";
+  type_options(words, &opt);
+  EXPECT_TRUE(opt.ring_baseline_each);
+  auto error = [](const OptionWords& w) {
+    AppOptions o;
+    try {
+      type_options(w, &o);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  words.ring_baseline = "all";
+  EXPECT_NE(error(words).find("--ring-baseline: 'all' is not one of each, first"), std::string::npos);
+  words.devices.clear();
+  words.ring_baseline = "first";
+  EXPECT_NE(error(words).find("--ring-baseline: only with --devices or --ring-rank"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace flashattn

@@ -83,6 +83,21 @@ TEST(RingPlan, KeyPaddingIsAPrefixOfEachBlock) {
 }
 
 // The auto lending's tiles: the lag over the spread of one tile's time, rounded, within bounds.
+// Against the cards' combined rate: T(one GPU) / (N T(ring)) for cards alike, the same whichever
+// card is listed first, and between the two one-card formulas for cards that differ.
+TEST(RingPlan, CardsEfficiencyIsTheCombinedRatesAndIgnoresOrder) {
+  EXPECT_DOUBLE_EQ(ring_cards_efficiency({150.0, 150.0}, 78.0), 150.0 / (2 * 78.0));
+  EXPECT_DOUBLE_EQ(ring_cards_efficiency({100.0, 100.0, 100.0, 100.0}, 26.0), 100.0 / (4 * 26.0));
+  const double ab = ring_cards_efficiency({149.0, 152.0}, 78.0), ba = ring_cards_efficiency({152.0, 149.0}, 78.0);
+  EXPECT_DOUBLE_EQ(ab, ba);
+  EXPECT_GT(ab, 149.0 / (2 * 78.0));
+  EXPECT_LT(ab, 152.0 / (2 * 78.0));
+  EXPECT_NEAR(ab, 1.0 / (78.0 * (1 / 149.0 + 1 / 152.0)), 1e-15);
+  EXPECT_EQ(ring_cards_efficiency({150.0, -1.0}, 78.0), -1);  // a card without its time
+  EXPECT_EQ(ring_cards_efficiency({}, 78.0), -1);
+  EXPECT_EQ(ring_cards_efficiency({150.0, 150.0}, 0.0), -1);
+}
+
 TEST(RingPlan, LendTilesFollowTheLag) {
   // 64k causal backward, rank 1 the slower: 4096 tiles of a 38.5 ms other block in a 77 ms run.
   const double tile_ms = 38.5 / 4096;

@@ -178,6 +178,23 @@ TEST_P(RingMatrix, MatchesReferenceAndOneGpu) {
     for (const RingRecord::VsOneGpu& d : r.ring->vs_one_gpu)
       EXPECT_TRUE(d.passed) << d.name << " vs one GPU: " << d.metric << " " << d.measured << " > " << d.tolerance;
     EXPECT_GE(r.ring->max_abs_vs_one_gpu(), 0.0);
+    // Each rank's card alone (SessionOptions::ring_baseline_each, the default): rank 0's is the
+    // first GPU's run; a card that plays several ranks (the loopback) is timed once.
+    ASSERT_EQ(int(r.ring->one_gpu_per_rank.size()), s.ranks);
+    for (int k = 0; k < s.ranks; ++k) {
+      const RingRecord::CardTime& card = r.ring->one_gpu_per_rank[k];
+      EXPECT_EQ(card.rank, k);
+      EXPECT_EQ(card.device, so.devices[k]);
+      EXPECT_GT(card.median_ms, 0.0) << card.skipped;
+      if (so.devices[k] == so.devices[0]) {
+        EXPECT_EQ(card.median_ms, r.ring->one_gpu_median_ms);
+      }
+    }
+    if (loopback) {
+      EXPECT_NEAR(r.ring->scaling_efficiency_cards, r.ring->scaling_efficiency, 1e-12);  // one card
+    } else {
+      EXPECT_GT(r.ring->scaling_efficiency_cards, 0.0);
+    }
     // Two streams unless told not to: the forward where its last block does not take the whole
     // GPU (more than two ranks, or told not to), the backward with fp32 gradients, its own block after the first
     // K/V shard under GQA.

@@ -110,7 +110,7 @@ def test_report_ring_puts_both_rings_side_by_side(tmp_path):
     assert "| B1 H32 S32768 D128 | forward | 15.000 | 18.000 | 1.200× |" in text
     both = [line for line in text.splitlines() if "| both |" in line][0]
     assert "| 55.000 | 68.000 | 1.236× |" in both
-    assert both.endswith("| 0.982 | 0.846 | – | – |")  # (28 + 80) / (2 x 55), (30 + 85) / (2 x 68); no clocks
+    assert both.endswith("| 0.982 | 0.846 | – | – | – | – | – |")  # (28 + 80) / (2 x 55), (30 + 85) / (2 x 68)
     ours.write_text(json.dumps({"runs": [dict(rec("hopper", "forward", 15.0, 28.0),
                                               timing={"median_ms": 15.0, "sm_clock_mean_mhz": 1800.4},
                                               ring={"size": 2, "one_gpu_median_ms": 28.0, "scaling_efficiency": 0.93,
@@ -118,34 +118,34 @@ def test_report_ring_puts_both_rings_side_by_side(tmp_path):
                                                     "per_gpu": [{"device": 0, "blocks_ms": 14.5},
                                                                 {"device": 1, "blocks_ms": 14.8}]})]}) + "\n")
     forward = report_ring.table(report_ring.load(ours), report_ring.load(peers)).splitlines()[2]
-    assert forward.endswith("| 1800 / 1950 | GPU 1 +2.1 % |")  # 14.8 / 14.5
+    assert forward.endswith("| 1800 / 1950 | GPU 1 +2.1 % | – |")  # 14.8 / 14.5
 
 
 def test_report_ring_gives_each_cards_one_gpu_time(tmp_path):
     import report_ring
 
-    def rec(kernel, mode, ms, ring=True, passed=True):
+    def rec(kernel, mode, ms, cards=None):
         r = {"kernel": kernel, "mode": mode, "status": "ok", "shape": {"B": 1, "H": 32, "H_kv": 32, "S_q": 65536,
              "S_k": 65536, "D": 128}, "flags": {"causal": True}, "timing": {"median_ms": ms},
-             "throughput": {"flops": 1e15}, "check": {"passed": passed}}
-        if ring:
-            r["ring"] = {"size": 2, "one_gpu_median_ms": 2 * ms, "scaling_efficiency": 0.95}
+             "throughput": {"flops": 1e15}, "check": {"passed": True},
+             "ring": {"size": 2, "one_gpu_median_ms": 2 * ms, "scaling_efficiency": 0.95}}
+        if cards:
+            r["ring"]["one_gpu_per_rank"] = [{"rank": i, "device": i, "median_ms": t} for i, t in enumerate(cards)]
+            r["ring"]["scaling_efficiency_cards"] = 0.5  # the table recomputes it from the times
         return r
     ours, peers = tmp_path / "o.jsonl", tmp_path / "p.jsonl"
-    ours.write_text(json.dumps({"runs": [rec("hopper", "forward", 27.0), rec("hopper", "backward", 78.0)]}) + "\n")
+    ours.write_text(json.dumps({"runs": [rec("hopper", "forward", 27.0, [52.0, 53.25]),
+                                         rec("hopper", "backward", 78.0, [148.5, 152.0])]}) + "\n")
     peers.write_text(json.dumps({"runs": [rec("torch", "forward", 32.0), rec("torch", "backward", 92.0)]}) + "\n")
-    cards = []
-    for i, (f, b) in enumerate([(52.0, 148.5), (53.25, 152.0)]):
-        c = tmp_path / f"card{i}.json"  # the sweep's one pretty JSON document, not ring runs
-        c.write_text(json.dumps({"runs": [rec("hopper", "forward", f, ring=False),
-                                          rec("hopper", "backward", b, ring=False),
-                                          rec("hopper", "backward", 1.0, ring=False, passed=False)]}, indent=2))
-        cards.append(report_ring.load_card(str(c), "hopper"))
-    lines = report_ring.table(report_ring.load(ours), report_ring.load(peers), cards).splitlines()
-    assert lines[0].endswith("| ours one GPU by card, ms |") and lines[1].count("|---") == 12
+    lines = report_ring.table(report_ring.load(ours), report_ring.load(peers)).splitlines()
+    assert lines[0].endswith("| ours one GPU by rank's card, ms |") and lines[1].count("|---") == 14
     assert lines[2].endswith("| 52.00 / 53.25 |") and lines[3].endswith("| 148.50 / 152.00 |")
     assert lines[4].endswith("| 200.50 / 205.25 |")  # both: forward + backward on each card
-    assert "ours one GPU" not in report_ring.table(report_ring.load(ours), report_ring.load(peers))
+    combined = 1 / ((1 / 148.5 + 1 / 152.0) * 78.0)  # the cards' combined rate over the ring's time
+    assert f"| 0.950 | 0.950 | {combined:.3f} | – |" in lines[3]  # PyTorch's record has no per-rank times
+    # the same cards listed the other way round: the same efficiency
+    ours.write_text(json.dumps({"runs": [rec("hopper", "backward", 78.0, [152.0, 148.5])]}) + "\n")
+    assert f"| {combined:.3f} | – |" in report_ring.table(report_ring.load(ours), report_ring.load(peers)).splitlines()[2]
 
 
 def test_report_ring_variants_pools_rounds_and_compares_with_the_first(tmp_path):
@@ -176,6 +176,12 @@ def test_report_ring_variants_pools_rounds_and_compares_with_the_first(tmp_path)
     # the failed third round is left out: the median of 77.0 and 77.2
     assert lines[3].startswith("| B1 H32 S65536 D128 causal | backward | lend | 77.000, 77.200 |")
     assert "| 77.100 | 1.014× | 76.70 / 76.60 | 0.800 | rank 1: 0.25 kv heads (auto, lag 0.84 ms) |" in lines[3]  # the last round's
+    # where the record has it, the efficiency against the cards' combined rate beside the first GPU's
+    cards = rec(78.0, (76.0, 77.0), 77.8)
+    cards["ring"]["scaling_efficiency_cards"] = 0.9655
+    f = tmp_path / "cards.jsonl"
+    f.write_text(json.dumps({"runs": [cards]}) + "\n")
+    assert "| 78.000 | 0.962 (0.966) | 78.000 |" in rv.table(rv.load_variants([("base", str(f))])[0])
 
 
 def test_ring_variants_refuses_a_bad_setting_before_any_work():

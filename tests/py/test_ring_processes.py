@@ -36,6 +36,8 @@ def gpu_count():
     (["--ring-rank", "0", "--ring-size", "1", "--ring-id", "x"], "--ring-size: a ring needs two"),
     (["--ring-rank", "0", "--ring-size", "2", "--ring-id", "x", "--devices", "0,1"], "conflicts with --devices"),
     (["--devices", "0,1,0"], "device 0 is listed twice"),
+    (["--devices", "0,1", "--ring-baseline", "all"], "--ring-baseline: 'all' is not one of each, first"),
+    (["--ring-baseline", "first"], "--ring-baseline: only with --devices or --ring-rank"),
 ])
 def test_ring_options_are_refused_with_the_reason(args, message):
     r = subprocess.run([str(FLASHATTN), "--compute", "mma", "--data", "nowhere", *args], capture_output=True, text=True)
@@ -70,6 +72,12 @@ def test_two_processes_check_against_the_reference(tmp_path):
         assert r["status"] == "ok" and r["check"]["passed"], r["check"]
         assert r["ring"]["size"] == 2 and r["ring"]["rank"] == 0
         assert r["ring"]["max_abs_vs_one_gpu"] is not None
+        # each rank timed its own GPU alone in turn, and rank 0 has both times
+        cards = r["ring"]["one_gpu_per_rank"]
+        assert [(c["rank"], c["device"]) for c in cards] == [(0, 0), (1, 1)], cards
+        assert all(c["median_ms"] > 0 for c in cards), cards
+        assert cards[0]["median_ms"] == r["ring"]["one_gpu_median_ms"]
+        assert r["ring"]["scaling_efficiency_cards"] > 0
 
 
 def test_one_gpu_plays_both_ranks(tmp_path):
@@ -94,3 +102,7 @@ def test_one_gpu_plays_both_ranks(tmp_path):
         assert g["loopback"] and g["devices"] == [0, 0] and g["size"] == 2
         assert not g["registered_buffers"] and not g["copy_engine"]
         assert all(d["passed"] for d in g["vs_one_gpu"]), g["vs_one_gpu"]
+        # one card for both ranks, timed once
+        assert [(c["rank"], c["device"]) for c in g["one_gpu_per_rank"]] == [(0, 0), (1, 0)]
+        assert g["one_gpu_per_rank"][0]["median_ms"] == g["one_gpu_per_rank"][1]["median_ms"] == g["one_gpu_median_ms"]
+        assert abs(g["scaling_efficiency_cards"] - g["scaling_efficiency"]) < 1e-9
