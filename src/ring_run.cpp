@@ -1,5 +1,7 @@
 // The ring's host-side rules and records (ring.h): whether a kernel and a problem can run as a
-// ring, how its outputs compare with the same kernel on one GPU, and its line on the console.
+// ring, how its outputs compare with the same kernel on one GPU, and its line on the console;
+// and the Session's ring runs (run_impl.h): the ring timed and profiled, the one-GPU runs beside
+// it, the record.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -9,6 +11,7 @@
 
 #include "parallel.h"
 #include "ring.h"
+#include "run_impl.h"
 #include "validate.h"
 
 namespace flashattn {
@@ -169,6 +172,154 @@ std::string ring_note(const RingRecord& g, double median_ms) {
     s += buf;
   }
   return s;
+}
+
+// ---- the Session's ring runs ---------------------------------------------------------------------
+
+Session::Impl::GpuRun Session::Impl::run_ring(const KernelMode& e, bool timed, RingRecord* info, double* one_gpu_ms) {
+  if (!ring)
+    ring = opt.ring_process.size > 1 ? std::make_unique<Ring>(opt.device, opt.ring_process)
+                                     : std::make_unique<Ring>(opt.devices);
+  if (generated()) ensure_uploaded(e.kernel);  // made on the first GPU (fast), then downloaded once
+  ensure_host_inputs();
+  ring->prepare(e, in, opt.deterministic);
+  ring->poison_outputs();
+  CUDA_CHECK(cudaSetDevice(opt.device));
+  {
+    NvtxRange range("check");
+    ring->enqueue(stream, false);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  GpuRun r;
+  r.out = ring->gather();
+  CUDA_CHECK(cudaSetDevice(opt.device));
+  // Ranks in other processes must run the same repetitions (every one is a set of NCCL
+  // transfers between them): a fixed count, no noise or time rule.
+  TimingOptions timing = opt.timing;
+  if (opt.ring_process.size > 1) timing.max_noise = 0, timing.min_time_ms = 0;
+  if (timed) r.timing = timed_run([&] { ring->enqueue(stream, opt.timing.flush_l2); }, r, &timing);
+  r.mem.peak_bytes = ring->bytes_per_device();
+  info->devices = ring->devices();
+  info->size = ring->size();
+  info->side_stream = ring->side_stream();
+  info->side_after_first_shard = ring->side_after_first_shard();
+  info->last_block_alone = ring->last_block_alone();
+  info->registered_buffers = ring->registered_buffers();
+  info->copy_engine = ring->copy_engine();
+  info->loopback = ring->loopback();
+  info->lend_rank = ring->lend_rank();
+  info->lend_kv_heads = ring->lend_kv_heads();
+  info->lend_auto = ring->lend_auto();
+  info->lend_lag_ms = ring->lend_lag_ms();
+  info->last_block_merges = ring->last_block_merges();
+  if (e.mode == Mode::Backward) info->gradients = ring->fp32_gradients() ? "fp32" : "partial";
+  if (opt.ring_process.size > 1) info->rank = opt.ring_process.rank;
+  if (timed) {
+    const RingProfile prof = ring->profile(stream);
+    CUDA_CHECK(cudaSetDevice(opt.device));
+    info->profiled_ms = prof.total_ms;
+    info->waiting_ms = prof.waiting_ms;
+    info->blocks_ms = prof.blocks_ms;
+    info->block_spans = prof.block_spans;
+    info->exposed_comm_ms = prof.exposed_comm_ms;
+    info->link_gbps = prof.link_gbps;
+    for (double f : ring->flops_per_device())
+      info->tflops_per_gpu.push_back(r.timing.median_ms > 0 ? f / (r.timing.median_ms * 1e-3) / 1e12 : 0);
+  }
+  ring_one_gpu_runs(e, timed, r.out, info, one_gpu_ms);
+  return r;
+}
+
+void Session::Impl::ring_one_gpu_runs(const KernelMode& e, bool timed, const KernelOutputs& ring_out,
+                                      RingRecord* info, double* one_gpu_ms) {
+  *one_gpu_ms = -1;
+  RingRecord::CardTime first(0, opt.device);
+  if (ring->root()) {
+    try {
+      GpuRun one = run_gpu(e, timed);
+      if (timed) *one_gpu_ms = first.median_ms = one.timing.median_ms;
+      info->one_gpu_clock_mean_mhz = first.clock_mean_mhz = one.timing.clock.mean_mhz;
+      compare_ring_outputs(ring_out, one.out, info);
+    } catch (const InputError& x) {
+      info->one_gpu_skipped = first.skipped = x.what();
+    }
+  }
+  if (!opt.ring_baseline_each || !timed) return;
+  const int n = ring->size();
+  if (opt.ring_process.size > 1) {
+    const int me = opt.ring_process.rank;
+    RingRecord::CardTime mine = me == 0 ? first : RingRecord::CardTime(me, opt.device);
+    std::vector<double> all;
+    for (int turn = 0; turn < n; ++turn) {  // each share() waits for every rank: one GPU at a time
+      if (turn == me && me != 0) mine = time_alone(e, this);
+      all = ring->share({double(opt.device), mine.median_ms, mine.clock_mean_mhz});
+    }
+    for (int r = 0; r < n; ++r) {
+      RingRecord::CardTime c(r, int(all[3 * r]), all[3 * r + 1], all[3 * r + 2]);
+      if (r == me) c.skipped = mine.skipped;
+      else if (!(c.median_ms > 0)) c.skipped = "rank " + std::to_string(r) + " could not run it (its own record says why)";
+      info->one_gpu_per_rank.push_back(c);
+    }
+    return;
+  }
+  // One process: each card once, however many ranks it plays (`--devices 0,0`: one).
+  std::vector<RingRecord::CardTime> cards{first};
+  for (int r = 0; r < n; ++r) {
+    const int dev = ring->devices()[r];
+    auto it = std::find_if(cards.begin(), cards.end(), [&](const RingRecord::CardTime& c) { return c.device == dev; });
+    if (it == cards.end()) {
+      SessionOptions o = opt;
+      o.device = dev, o.devices.clear(), o.ring_process = {}, o.check = false;
+      Session other(inputs_for_another_card(), o);
+      cards.push_back(time_alone(e, other.impl_.get()));
+      it = cards.end() - 1;
+    }
+    RingRecord::CardTime c = *it;
+    c.rank = r, c.device = dev;
+    info->one_gpu_per_rank.push_back(c);
+  }
+  CUDA_CHECK(cudaSetDevice(opt.device));
+}
+
+RingRecord::CardTime Session::Impl::time_alone(const KernelMode& e, Impl* s) {
+  RingRecord::CardTime c(0, s->opt.device);
+  try {
+    const GpuRun one = s->run_gpu(e, /*timed=*/true);
+    c.median_ms = one.timing.median_ms, c.clock_mean_mhz = one.timing.clock.mean_mhz;
+  } catch (const InputError& x) {
+    c.skipped = x.what();
+  }
+  return c;
+}
+
+RunInputs Session::Impl::inputs_for_another_card() const {
+  return generated() ? generated_inputs(in.problem, *in.generate_seed) : in;
+}
+
+void Session::Impl::run_on_ring(const KernelMode& e, RunRecord& rec) {
+  const Problem& p = in.problem;
+  const std::string why_ring = why_ring_unsupported(e, p, ring_size());
+  if (!why_ring.empty()) throw InputError(why_ring);
+  NvtxRange range("ring " + nvtx_name(e, p));
+  RingRecord info;
+  double one_gpu_ms = -1;
+  GpuRun r = run_ring(e, /*timed=*/true, &info, &one_gpu_ms);
+  rec.outputs = std::move(r.out);
+  rec.timing = std::move(r.timing);
+  rec.memory = r.mem;
+  rec.sm_clock_start_mhz = r.clock_start;
+  rec.sm_clock_end_mhz = r.clock_end;
+  info.one_gpu_median_ms = one_gpu_ms;
+  if (one_gpu_ms > 0 && rec.timing.median_ms > 0)
+    info.scaling_efficiency = one_gpu_ms / (double(info.size) * rec.timing.median_ms);
+  if (int(info.one_gpu_per_rank.size()) == info.size) {
+    std::vector<double> per_rank;
+    for (const RingRecord::CardTime& c : info.one_gpu_per_rank) per_rank.push_back(c.median_ms);
+    info.scaling_efficiency_cards = ring_cards_efficiency(per_rank, rec.timing.median_ms);
+  }
+  rec.notes.push_back(ring_note(info, rec.timing.median_ms));
+  rec.ring = std::move(info);
+  add_timing_notes(rec);
 }
 
 }  // namespace flashattn
