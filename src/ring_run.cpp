@@ -176,7 +176,7 @@ std::string ring_note(const RingRecord& g, double median_ms) {
 
 // ---- the Session's ring runs ---------------------------------------------------------------------
 
-Session::Impl::GpuRun Session::Impl::run_ring(const KernelMode& e, bool timed, RingRecord* info, double* one_gpu_ms) {
+Session::Impl::GpuRun Session::Impl::run_ring(const KernelMode& e, RingRecord* info) {
   if (!ring)
     ring = opt.ring_process.size > 1 ? std::make_unique<Ring>(opt.device, opt.ring_process)
                                      : std::make_unique<Ring>(opt.devices);
@@ -197,7 +197,7 @@ Session::Impl::GpuRun Session::Impl::run_ring(const KernelMode& e, bool timed, R
   // transfers between them): a fixed count, no noise or time rule.
   TimingOptions timing = opt.timing;
   if (opt.ring_process.size > 1) timing.max_noise = 0, timing.min_time_ms = 0;
-  if (timed) r.timing = timed_run([&] { ring->enqueue(stream, opt.timing.flush_l2); }, r, &timing);
+  r.timing = timed_run([&] { ring->enqueue(stream, opt.timing.flush_l2); }, r, &timing);
   r.mem.peak_bytes = ring->bytes_per_device();
   info->devices = ring->devices();
   info->size = ring->size();
@@ -214,37 +214,33 @@ Session::Impl::GpuRun Session::Impl::run_ring(const KernelMode& e, bool timed, R
   info->last_block_merges = ring->last_block_merges();
   if (e.mode == Mode::Backward) info->gradients = ring->fp32_gradients() ? "fp32" : "partial";
   if (opt.ring_process.size > 1) info->rank = opt.ring_process.rank;
-  if (timed) {
-    const RingProfile prof = ring->profile(stream);
-    CUDA_CHECK(cudaSetDevice(opt.device));
-    info->profiled_ms = prof.total_ms;
-    info->waiting_ms = prof.waiting_ms;
-    info->blocks_ms = prof.blocks_ms;
-    info->block_spans = prof.block_spans;
-    info->exposed_comm_ms = prof.exposed_comm_ms;
-    info->link_gbps = prof.link_gbps;
-    for (double f : ring->flops_per_device())
-      info->tflops_per_gpu.push_back(r.timing.median_ms > 0 ? f / (r.timing.median_ms * 1e-3) / 1e12 : 0);
-  }
-  ring_one_gpu_runs(e, timed, r.out, info, one_gpu_ms);
+  const RingProfile prof = ring->profile(stream);
+  CUDA_CHECK(cudaSetDevice(opt.device));
+  info->profiled_ms = prof.total_ms;
+  info->waiting_ms = prof.waiting_ms;
+  info->blocks_ms = prof.blocks_ms;
+  info->block_spans = prof.block_spans;
+  info->exposed_comm_ms = prof.exposed_comm_ms;
+  info->link_gbps = prof.link_gbps;
+  for (double f : ring->flops_per_device())
+    info->tflops_per_gpu.push_back(r.timing.median_ms > 0 ? f / (r.timing.median_ms * 1e-3) / 1e12 : 0);
+  ring_one_gpu_runs(e, r.out, info);
   return r;
 }
 
-void Session::Impl::ring_one_gpu_runs(const KernelMode& e, bool timed, const KernelOutputs& ring_out,
-                                      RingRecord* info, double* one_gpu_ms) {
-  *one_gpu_ms = -1;
+void Session::Impl::ring_one_gpu_runs(const KernelMode& e, const KernelOutputs& ring_out, RingRecord* info) {
   RingRecord::CardTime first(0, opt.device);
   if (ring->root()) {
     try {
-      GpuRun one = run_gpu(e, timed);
-      if (timed) *one_gpu_ms = first.median_ms = one.timing.median_ms;
+      GpuRun one = run_gpu(e, /*timed=*/true);
+      info->one_gpu_median_ms = first.median_ms = one.timing.median_ms;
       info->one_gpu_clock_mean_mhz = first.clock_mean_mhz = one.timing.clock.mean_mhz;
       compare_ring_outputs(ring_out, one.out, info);
     } catch (const InputError& x) {
       info->one_gpu_skipped = first.skipped = x.what();
     }
   }
-  if (!opt.ring_baseline_each || !timed) return;
+  if (!opt.ring_baseline_each) return;
   const int n = ring->size();
   if (opt.ring_process.size > 1) {
     const int me = opt.ring_process.rank;
@@ -302,16 +298,14 @@ void Session::Impl::run_on_ring(const KernelMode& e, RunRecord& rec) {
   if (!why_ring.empty()) throw InputError(why_ring);
   NvtxRange range("ring " + nvtx_name(e, p));
   RingRecord info;
-  double one_gpu_ms = -1;
-  GpuRun r = run_ring(e, /*timed=*/true, &info, &one_gpu_ms);
+  GpuRun r = run_ring(e, &info);
   rec.outputs = std::move(r.out);
   rec.timing = std::move(r.timing);
   rec.memory = r.mem;
   rec.sm_clock_start_mhz = r.clock_start;
   rec.sm_clock_end_mhz = r.clock_end;
-  info.one_gpu_median_ms = one_gpu_ms;
-  if (one_gpu_ms > 0 && rec.timing.median_ms > 0)
-    info.scaling_efficiency = one_gpu_ms / (double(info.size) * rec.timing.median_ms);
+  if (info.one_gpu_median_ms > 0 && rec.timing.median_ms > 0)
+    info.scaling_efficiency = info.one_gpu_median_ms / (double(info.size) * rec.timing.median_ms);
   if (int(info.one_gpu_per_rank.size()) == info.size) {
     std::vector<double> per_rank;
     for (const RingRecord::CardTime& c : info.one_gpu_per_rank) per_rank.push_back(c.median_ms);

@@ -363,13 +363,12 @@ struct Session::Impl {
   // The ring run (ring.h): checked run with poisoned outputs, the timed loop on the first
   // device's stream (every GPU's work lies between its events), one profiled repetition; then
   // the same kernel on the first GPU alone for the scaling efficiency and the comparison.
-  GpuRun run_ring(const KernelMode& e, bool timed, RingRecord* info, double* one_gpu_ms);
+  GpuRun run_ring(const KernelMode& e, RingRecord* info);
   // The same kernel on one GPU alone, timed the same way: on the root's GPU, whose outputs the
-  // ring's are compared with; then (ring_baseline_each, timed runs) on each other card of the
-  // ring in turn, timed only, while the others idle. Across processes the ranks take turns, each
-  // on its own GPU, and share their times.
-  void ring_one_gpu_runs(const KernelMode& e, bool timed, const KernelOutputs& ring_out, RingRecord* info,
-                         double* one_gpu_ms);
+  // ring's are compared with (RingRecord::one_gpu_*); then (ring_baseline_each) on each other
+  // card of the ring in turn, timed only, while the others idle. Across processes the ranks take
+  // turns, each on its own GPU, and share their times.
+  void ring_one_gpu_runs(const KernelMode& e, const KernelOutputs& ring_out, RingRecord* info);
   // `e` timed alone on session `s`'s GPU (a card of the ring other than the root's).
   static RingRecord::CardTime time_alone(const KernelMode& e, Impl* s);
   // The inputs for a session on another GPU: generated ones from their seed there (the same
